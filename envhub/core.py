@@ -1,0 +1,163 @@
+"""`AgentEnv`: the text-in, text-out gymnasium environment every envhub env is.
+
+An env implements either the sync pair `reset`/`step` (pure-Python games) or the async pair
+`areset`/`astep` (envs that wait on sandboxes or HTTP). The base class provides the other pair:
+async calls run sync code inline, and sync calls drive async code on one background event loop,
+so a sync user never needs to know which kind of env they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, ClassVar, TypeVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from envhub.tools import Tool
+
+T = TypeVar("T")
+
+MAX_TEXT_LENGTH = 1 << 17
+
+
+class UnicodeText(spaces.Text):
+    """A `Text` space whose membership test accepts any printable Unicode plus newlines and tabs.
+
+    gymnasium's `Text` checks membership against an explicit character set, which for the whole of
+    Unicode would cost a large table. Sampling draws from printable ASCII (and a few non-ASCII
+    characters), which is what API checkers need; `contains` accepts every printable code point.
+    """
+
+    _SAMPLE_CHARS = "".join(chr(c) for c in range(32, 127)) + "\n\téüß€→中"
+
+    def __init__(self, max_length: int = MAX_TEXT_LENGTH, *, min_length: int = 0, seed: int | None = None):
+        super().__init__(max_length=max_length, min_length=min_length, charset=self._SAMPLE_CHARS, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return (
+            isinstance(x, str)
+            and self.min_length <= len(x) <= self.max_length
+            and all(ch.isprintable() or ch in "\n\t\r" for ch in x)
+        )
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length}, charset=printable Unicode)"
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (other.min_length, other.max_length)
+
+
+class _BackgroundLoop:
+    """One daemon thread running an event loop, shared by every env that is driven synchronously."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="envhub-sync-loop", daemon=True).start()
+            loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            raise RuntimeError("a sync env method was called from envhub's own loop; await the async method instead")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+_background = _BackgroundLoop()
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from sync code, on envhub's shared background loop."""
+    return _background.run(coro)
+
+
+def _overrides(cls: type, name: str) -> bool:
+    return getattr(cls, name) is not getattr(AgentEnv, name)
+
+
+class AgentEnv(gym.Env[str, str]):
+    """A text environment for LLM agents: observations and actions are strings.
+
+    `info` from reset carries `system_prompt` and `tools` (OpenAI-style JSON schemas of the tools
+    the env accepts); actions are the model's raw text (tool calls inside it are parsed by
+    `envhub.toolcalls.parse_tool_calls`) or an already-parsed tool call dict.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    #: Tools this env accepts; their schemas go into `info["tools"]` at reset.
+    tools: ClassVar[tuple[Tool, ...]] = ()
+    #: Short system prompt telling a model how to act in this env.
+    system_prompt: ClassVar[str] = ""
+
+    observation_space: spaces.Space[str] = UnicodeText()
+    action_space: spaces.Space[str] = UnicodeText()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("__abstract__", False) and not (_overrides(cls, "step") or _overrides(cls, "astep")):
+            raise TypeError(f"{cls.__name__} must implement step() or astep()")
+
+    # Each public method below either runs the subclass's other-flavoured implementation or, when
+    # reached through super() from the subclass's own implementation, does the shared base work.
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode; returns the first observation and `info` (system prompt, tools)."""
+        cls = type(self)
+        if _overrides(cls, "areset") and not _overrides(cls, "reset"):
+            return run_sync(self.areset(seed=seed, options=options))
+        super().reset(seed=seed)  # seeds self.np_random
+        return "", self.base_info()
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Async `reset`; the primary implementation for envs that wait on I/O."""
+        cls = type(self)
+        if _overrides(cls, "reset") and not _overrides(cls, "areset"):
+            return self.reset(seed=seed, options=options)
+        gym.Env.reset(self, seed=seed)
+        return "", self.base_info()
+
+    def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply the agent's action (raw model text or a tool-call dict)."""
+        return run_sync(self.astep(action))
+
+    async def astep(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Async `step`; sync envs run inline."""
+        return self.step(action)
+
+    def close(self) -> None:
+        """Release everything the env holds (sandboxes, sessions)."""
+        if _overrides(type(self), "aclose") and not _overrides(type(self), "close"):
+            run_sync(self.aclose())
+
+    async def aclose(self) -> None:
+        """Async `close`."""
+        if _overrides(type(self), "close") and not _overrides(type(self), "aclose"):
+            self.close()
+
+    # -- helpers for subclasses -------------------------------------------------------------
+    def base_info(self, **extra: Any) -> dict[str, Any]:
+        """The reset `info` every env returns: system prompt and tool schemas, plus `extra`."""
+        return {"system_prompt": self.system_prompt, "tools": [t.schema for t in self.tools], **extra}
+
+    def render(self) -> str | None:
+        text = self.render_text()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def render_text(self) -> str:
+        """The current state as text (ANSI render mode); envs override this."""
+        return ""
+
+
+AgentEnv.__abstract__ = True  # type: ignore[attr-defined]

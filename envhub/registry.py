@@ -1,0 +1,212 @@
+"""The environment registry: specs in a dict, mirrored into gymnasium's `envhub/` namespace.
+
+`register()` adds a spec; `make()` builds an env through gymnasium so the usual wrappers apply;
+third-party packages add envs through the `envhub.envs` entry-point group.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from envhub.errors import EnvNotFound, RegistrationError
+
+NAMESPACE = "envhub"
+ENTRY_POINT_GROUP = "envhub.envs"
+_ID_PATTERN = re.compile(r"^[A-Za-z][\w.\-]*-v\d+$")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything envhub knows about one registered environment."""
+
+    id: str
+    entry_point: str | Callable[..., Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    tags: tuple[str, ...] = ()
+    description: str = ""
+    multiagent: bool = False
+    source: str = "envhub"
+
+    @property
+    def gym_id(self) -> str:
+        """The id under which gymnasium knows this env (`envhub/Name-v0`)."""
+        return f"{NAMESPACE}/{self.id}"
+
+    def load(self) -> Callable[..., Any]:
+        """Import and return the entry point (class or factory)."""
+        if callable(self.entry_point):
+            return self.entry_point
+        module_name, _, attr = self.entry_point.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            return getattr(module, attr)
+        except (ImportError, AttributeError) as exc:
+            raise RegistrationError(
+                f"cannot load entry point {self.entry_point!r} of {self.id}: {exc}",
+                hint=f"registered by {self.source}; check that the module and attribute exist",
+            ) from exc
+
+
+_registry: dict[str, EnvSpec] = {}
+_plugins_loaded = False
+_current_source = "user"  # the package whose entry point is running, recorded in its specs
+
+
+def _normalize(env_id: str) -> str:
+    prefix = NAMESPACE + "/"
+    return env_id[len(prefix):] if env_id.startswith(prefix) else env_id
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    kwargs: dict[str, Any] | None = None,
+    max_episode_steps: int | None = None,
+    tags: tuple[str, ...] | list[str] = (),
+    description: str = "",
+    multiagent: bool = False,
+    source: str | None = None,
+) -> EnvSpec:
+    """Register an environment under `id` (e.g. "MyEnv-v0") in envhub and in gymnasium."""
+    env_id = _normalize(id)
+    if not _ID_PATTERN.match(env_id):
+        raise RegistrationError(
+            f"invalid environment id {id!r}",
+            hint="use the form Name-v0: a letter first, then letters, digits, '_', '.', '-', and a version",
+        )
+    if not (callable(entry_point) or (isinstance(entry_point, str) and ":" in entry_point)):
+        raise RegistrationError(
+            f"invalid entry point {entry_point!r} for {env_id}",
+            hint="pass a class, a factory function, or a 'package.module:Name' string",
+        )
+    if max_episode_steps is not None and max_episode_steps <= 0:
+        raise RegistrationError(f"max_episode_steps must be positive for {env_id}, got {max_episode_steps}")
+    tag_tuple = tuple(tags) + (("multi-agent",) if multiagent and "multi-agent" not in tags else ())
+    spec = EnvSpec(
+        id=env_id,
+        entry_point=entry_point,
+        kwargs=dict(kwargs or {}),
+        max_episode_steps=max_episode_steps,
+        tags=tag_tuple,
+        description=description,
+        multiagent=multiagent,
+        source=source or _current_source,
+    )
+    _registry[env_id] = spec
+    if not multiagent:
+        gym_registry = gym.envs.registration.registry
+        gym_registry.pop(spec.gym_id, None)  # re-registering replaces, without gymnasium's warning
+        gym.register(
+            id=spec.gym_id,
+            entry_point=entry_point,
+            kwargs=dict(spec.kwargs),
+            max_episode_steps=max_episode_steps,
+            # The checker wrapper would complain about text spaces it cannot sample well; we run
+            # gymnasium's full check_env in tests instead.
+            disable_env_checker=True,
+        )
+    return spec
+
+
+def spec(env_id: str) -> EnvSpec:
+    """Return the spec of `env_id`, or raise EnvNotFound with the closest ids suggested."""
+    load_plugins()
+    key = _normalize(env_id)
+    if key in _registry:
+        return _registry[key]
+    raise EnvNotFound(f"unknown environment {env_id!r}", hint=_suggestion(key))
+
+
+def _suggestion(key: str) -> str:
+    ids = sorted(_registry)
+    lowered = {i.lower(): i for i in ids}
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=3, cutoff=0.5)
+    same_name = [i for i in ids if i.rsplit("-v", 1)[0].lower() == key.rsplit("-v", 1)[0].lower()]
+    candidates = list(dict.fromkeys(same_name + [lowered[c] for c in close]))
+    if candidates:
+        return "did you mean " + ", ".join(candidates) + "? `envhub list` shows every id"
+    return "`envhub list` shows every registered id"
+
+
+def list_envs(tag: str | None = None) -> list[EnvSpec]:
+    """All registered specs, sorted by id; only those carrying `tag` when given."""
+    load_plugins()
+    specs = sorted(_registry.values(), key=lambda s: s.id)
+    return [s for s in specs if tag is None or tag in s.tags]
+
+
+def load_plugins() -> None:
+    """Call every `envhub.envs` entry point once; a broken plugin warns with its package name."""
+    global _plugins_loaded, _current_source
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        package = entry.dist.name if entry.dist is not None else entry.value.split(":")[0]
+        _current_source = package
+        try:
+            register_envs = entry.load()
+            register_envs()
+        except Exception as exc:  # a plugin must never take the built-in envs down with it
+            warnings.warn(
+                f"envhub: plugin {entry.name!r} from package {package!r} failed to register its "
+                f"environments: {type(exc).__name__}: {exc}. Built-in envs are unaffected; "
+                f"fix or uninstall {package!r}.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            _current_source = "user"
+
+
+class AsyncEnvWrapper(gym.Wrapper):
+    """Outermost wrapper of `envhub.make`: the sync path runs through gymnasium's wrappers and the
+    async path (`areset`/`astep`/`aclose`) reaches the env with the same step limit applied."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._max_episode_steps = env.spec.max_episode_steps if env.spec is not None else None
+        self._elapsed_steps = 0
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._elapsed_steps = 0
+        return await self.unwrapped.areset(seed=seed, options=options)
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = await self.unwrapped.astep(action)
+        self._elapsed_steps += 1
+        if self._max_episode_steps is not None and self._elapsed_steps >= self._max_episode_steps and not terminated:
+            truncated = True
+        return obs, reward, terminated, truncated, info
+
+    async def aclose(self) -> None:
+        await self.unwrapped.aclose()
+
+
+def make(env_id: str, **kwargs: Any) -> AsyncEnvWrapper:
+    """Build a single-agent env by id (with or without the `envhub/` prefix); kwargs override the spec's."""
+    env_spec = spec(env_id)
+    if env_spec.multiagent:
+        raise RegistrationError(
+            f"{env_spec.id} is a multi-agent environment",
+            hint=f"use envhub.make_multiagent({env_spec.id!r}), or envhub.SelfPlay({env_spec.id!r}) for one seat",
+        )
+    return AsyncEnvWrapper(gym.make(env_spec.gym_id, **kwargs))
+
+
+def make_multiagent(env_id: str, **kwargs: Any) -> Any:
+    """Build a multi-agent (PettingZoo) env by id."""
+    env_spec = spec(env_id)
+    if not env_spec.multiagent:
+        raise RegistrationError(f"{env_spec.id} is a single-agent environment", hint=f"use envhub.make({env_spec.id!r})")
+    return env_spec.load()(**{**env_spec.kwargs, **kwargs})

@@ -1,0 +1,41 @@
+"""Bundled environments; `register_builtin_envs()` adds them to the registry (classes load lazily)."""
+
+from __future__ import annotations
+
+from envhub.registry import register
+
+
+def register_builtin_envs() -> None:
+    """Register every bundled env under its id; entry points are strings, so nothing heavy is imported."""
+    register(
+        "Sokoban-v0",
+        "envhub.envs.sokoban:SokobanEnv",
+        max_episode_steps=120,
+        tags=("game", "puzzle", "single-agent"),
+        description="Push every box onto a target; levels generated from the seed and proven solvable.",
+        source="envhub",
+    )
+    register(
+        "FrozenLake-v0",
+        "envhub.envs.frozen_lake:FrozenLakeEnv",
+        max_episode_steps=100,
+        tags=("game", "single-agent"),
+        description="Walk across a frozen lake to the goal without falling into a hole; optional slippery ice.",
+        source="envhub",
+    )
+    register(
+        "Wordle-v0",
+        "envhub.envs.wordle:WordleEnv",
+        max_episode_steps=20,
+        tags=("game", "word", "single-agent"),
+        description="Guess the hidden five-letter word in six tries from colour feedback.",
+        source="envhub",
+    )
+    register(
+        "Math-v0",
+        "envhub.envs.math:MathEnv",
+        max_episode_steps=4,
+        tags=("math", "rlvr", "single-agent"),
+        description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",
+        source="envhub",
+    )
