@@ -91,7 +91,10 @@ class SokobanEnv(AgentEnv):
             if self._generate(rng):
                 break
         else:  # unreachable for sane sizes; say which knob to turn
-            raise RuntimeError(f"could not generate a solvable {self.height}x{self.width} level with {self.num_boxes} boxes; lower num_boxes")
+            raise RuntimeError(
+                f"could not generate a solvable {self.height}x{self.width} level with {self.num_boxes} boxes and a "
+                f"solution of at least {self.min_solution_length} moves; lower num_boxes or min_solution_length"
+            )
         self.done = False
         obs = "New Sokoban level.\n" + self.render_text()
         return obs, self.base_info(**self._info(invalid=False), optimal_length=self.optimal_length)
