@@ -61,8 +61,8 @@ class SokobanEnv(AgentEnv):
         self,
         dim: int | tuple[int, int] = (7, 7),
         num_boxes: int = 2,
-        scramble_steps: int = 40,
-        min_solution_length: int = 4,
+        scramble_steps: int = 80,
+        min_solution_length: int = 6,
         shaped: bool = False,
         render_mode: str | None = None,
     ) -> None:
