@@ -27,6 +27,8 @@ _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _TOKEN = re.compile(rf"(?:-?\d+\s+\d+\s*/\s*\d+)|(?:(?:{_NUMBER})\s*/\s*(?:{_NUMBER}))|(?:{_NUMBER})")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _ANSWER_LINE = re.compile(r"(?:final\s+answer|answer)\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
+_HEDGE = re.compile(r"\d\s*(?:,\s+|;|\bor\b|\band\b)\s*(?:[a-z]\s*=\s*)?-?\$?\d")  # "12 or 13", "3, 4": not one answer
+_SCIENTIFIC = re.compile(r"-?\d+(?:\.\d+)?[eE][+-]?\d{1,3}")
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 
 
@@ -70,7 +72,11 @@ def _normalize(text: str) -> str:
 def parse_number(answer: str) -> Fraction | None:
     """The exact value of an answer like "1/2", "0.5", "\\frac{1}{2}", "x = 1 1/2", "$1,000", "25%"; None if none."""
     text = _normalize(answer).strip()
-    text = text.rsplit("=", 1)[-1]  # "x = 5" -> "5"
+    if _HEDGE.search(text):
+        return None
+    text = text.rsplit("=", 1)[-1].strip()  # "x = 5" -> "5"
+    if _SCIENTIFIC.fullmatch(text):
+        return Fraction(text)
     match = _TOKEN.search(text)
     if match is None:
         return None
@@ -175,7 +181,10 @@ class MathEnv(AgentEnv):
             return None, f"No answer found in your reply {shown!r}. End your reply with your final answer as \\boxed{{ANSWER}}, e.g. \\boxed{{42}} or \\boxed{{7/3}}."
         value = parse_number(final)
         if value is None:
-            return None, f"Could not read a number from your final answer {final.strip()[:60]!r}. Write it as an integer, a decimal or a fraction, e.g. \\boxed{{7/3}}."
+            return None, (
+                f"Could not read one number from your final answer {final.strip()[:60]!r}. Give a single answer "
+                "written as an integer, a decimal or a fraction, e.g. \\boxed{7/3}."
+            )
         return value, ""
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:

@@ -26,14 +26,14 @@ def test_oracle_scores_one_on_200_seeds_across_kinds_and_difficulties():
         ("\\dfrac{2}{4}", Fraction(1, 2)), (".50", Fraction(1, 2)), ("1,000", 1000), ("1000", 1000), ("$1,000.00", 1000),
         ("x = 5", 5), ("x=-5", -5), ("1 1/2", Fraction(3, 2)), ("1\\frac{1}{2}", Fraction(3, 2)), ("$12.50", Fraction(25, 2)),
         ("\\$12.50", Fraction(25, 2)), ("-\\frac{3}{4}", Fraction(-3, 4)), ("25%", 25), ("12 apples", 12), ("−7", -7),
-        ("\\text{12 dollars}", 12), ("7/3", Fraction(7, 3)),
+        ("\\text{12 dollars}", 12), ("7/3", Fraction(7, 3)), ("1e3", 1000), ("2.5E-1", Fraction(1, 4)),
     ],
 )
 def test_equivalent_forms_parse_to_the_same_exact_value(written, value):
     assert parse_number(written) == value
 
 
-@pytest.mark.parametrize("written", ["abc", "", "x", "1/0"])
+@pytest.mark.parametrize("written", ["abc", "", "x", "1/0", "12 or 13", "3, 4", "x = 2 and x = 3"])
 def test_unreadable_answers_parse_to_none(written):
     assert parse_number(written) is None
 
