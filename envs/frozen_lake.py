@@ -73,7 +73,7 @@ class FrozenLakeEnv(AgentEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         rng = random.Random(int(self.np_random.integers(2**63)))
-        while True:
+        for _ in range(10_000):
             grid = [["F"] * self.size for _ in range(self.size)]
             for r in range(self.size):
                 for c in range(self.size):
@@ -83,6 +83,8 @@ class FrozenLakeEnv(AgentEnv):
             self.grid = ["".join(row) for row in grid]
             if self._shortest_path((0, 0)) is not None:
                 break
+        else:
+            raise RuntimeError(f"no {self.size}x{self.size} map with a path to the goal in 10000 draws; lower hole_fraction={self.hole_fraction}")
         self.position, self.done, self._policy = (0, 0), False, None
         obs = f"A new {self.size}x{self.size} lake{' (slippery ice!)' if self.slippery else ''}.\n{self.render_text()}"
         return obs, self.base_info(**self._info(invalid=False))

@@ -80,3 +80,9 @@ def test_non_slippery_policy_is_certain_and_follows_shortest_paths():
         reward = env.step(env.optimal_policy()[env.position])[1]
         steps += 1
     assert reward == 1.0 and steps == shortest
+
+
+def test_impossible_hole_fraction_fails_with_a_hint_instead_of_looping():
+    env = FrozenLakeEnv(size=8, hole_fraction=0.99)
+    with pytest.raises(RuntimeError, match="lower hole_fraction"):
+        env.reset(seed=0)
