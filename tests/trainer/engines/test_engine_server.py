@@ -182,3 +182,18 @@ async def test_serve_engine_cli_subprocess(tokenizer, tiny_model):
         await client.close()
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_multi_engine_spreads_load_over_a_local_and_a_remote_engine(served, tiny_model, tokenizer):
+    from envhub.trainer.multi_engine import MultiEngine
+
+    remote_engine, _, client = served
+    local = LocalEngine(tiny_model, tokenizer)
+    multi = MultiEngine([local, client])
+    prompts = [tokenizer.encode(t) for t in ["a", "b c", "d e f", "g"]]
+    results = await asyncio.gather(*[multi.generate(p, GREEDY) for p in prompts])
+    assert sorted(r.meta["engine"] for r in results) == [0, 0, 1, 1]
+    for result, prompt in zip(results, prompts):
+        assert result.output_ids == (await local.generate(prompt, GREEDY)).output_ids
+    assert await multi.health()
+    await multi.close()
