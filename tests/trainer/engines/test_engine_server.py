@@ -15,7 +15,7 @@ from envhub.errors import EngineError
 from envhub.trainer.engine import SamplingParams
 from envhub.trainer.engine_server import start_engine_server
 from envhub.trainer.local_engine import LocalEngine
-from envhub.trainer.sglang import SGLangEngine, launch_sglang_server, sglang_command
+from envhub.trainer.sglang_engine import SGLangEngine, launch_sglang_server, sglang_command
 
 torch = pytest.importorskip("torch")
 
