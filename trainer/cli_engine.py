@@ -9,13 +9,18 @@ from typing import Any
 def _cmd_serve_engine(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from envhub.errors import EngineError
+
     from envhub.trainer.engine_server import create_app
     from envhub.trainer.local_engine import LocalEngine
 
     engine = LocalEngine.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size)
     device, dtype = engine.model.device, str(engine.model.dtype).removeprefix("torch.")
     print(f"envhub serve-engine: {args.model} on {device} ({dtype}) at http://{args.host}:{args.port}", flush=True)
-    web.run_app(create_app(engine, args.model), host=args.host, port=args.port, print=None)
+    try:
+        web.run_app(create_app(engine, args.model), host=args.host, port=args.port, print=None)
+    except OSError as exc:
+        raise EngineError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", hint="pick another --port") from exc
     return 0
 
 
