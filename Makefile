@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
-APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium
+APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
 .PHONY: install system-packages docker-engine test test-fast demo clean

@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--products", type=int, default=1200)
     args = parser.parse_args(argv)
     shop = Shop(build_catalog(args.catalog_seed, args.products))
-    print(f"WebShop with {len(shop.catalog)} products: open http://{args.host}:{args.port}/ (Ctrl-C to stop)", flush=True)
-    web.run_app(shop.app(), host=args.host, port=args.port, print=None, access_log=None)
+    ready = f"WebShop with {len(shop.catalog)} products: open http://{args.host}:{args.port}/ (Ctrl-C to stop)"
+    # run_app calls `print` once the port is bound, so the line also tells scripts the shop is up.
+    web.run_app(shop.app(), host=args.host, port=args.port, print=lambda _: print(ready, flush=True), access_log=None)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,26 @@ def test_two_servers_get_distinct_free_ports():
         a.stop()
         b.stop()
     a.stop()  # stopping twice is harmless
+
+
+async def test_module_entry_serves_the_shop_for_a_person(tmp_path):
+    import asyncio
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "envhub.envs.web.shop", "--port", str(port), "--products", "200",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert f"http://127.0.0.1:{port}/" in line.decode()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/") as response:  # a new session with a random goal
+                page = parse_page(await response.text())
+        assert "/s/" in str(response.url) and page.search_form is not None and "Instruction:" in page.text
+    finally:
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 10) is not None
