@@ -256,11 +256,12 @@ class WebShopEnv(AgentEnv):
             raise RuntimeError("call reset() before oracle_actions()")
         product = self.catalog.by_asin[self._goal.target_asin]
         index = search_index(self.catalog)
-        query = product.title.lower()
-        ranked = index.rank(query)
-        if product not in ranked:
-            query = product.asin.lower()
+        # Search as a shopper would (the instruction's words); fall back to the title, then the id.
+        shopper = " ".join([*self._goal.options.values(), *self._goal.attributes, self._goal.product_type]).lower()
+        for query in (shopper, product.title.lower(), product.asin.lower()):
             ranked = index.rank(query)
+            if product in ranked:
+                break
         position = ranked.index(product)
         actions = [f"search[{query}]"] + ["click[Next >]"] * (position // PAGE_SIZE)
         actions.append(f"click[{product.asin}]")

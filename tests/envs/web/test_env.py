@@ -23,11 +23,16 @@ async def run_oracle(env, seed):
 
 async def test_oracle_scores_one_on_50_seeds():
     env = envhub.make("WebShop-v0")
+    paged = 0
     try:
-        rewards = [await run_oracle(env, seed) for seed in range(50)]
+        rewards = []
+        for seed in range(50):
+            rewards.append(await run_oracle(env, seed))
+            paged += "click[Next >]" in env.unwrapped.oracle_actions()
     finally:
         await env.aclose()
     assert rewards == [1.0] * 50
+    assert paged >= 1  # some targets sit past the first result page, so paging is exercised too
 
 
 def random_action(rng, obs, info):
