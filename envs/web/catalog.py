@@ -120,7 +120,7 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
             (5, 35),
         ),
         "body lotion": (
-            ["shea butter", "fast absorbing", "for dry skin", "paraben free", "natural", "unscented"],
+            ["shea butter", "fast absorbing", "for dry skin", "paraben free", "natural", "non greasy"],
             {"scent": ["vanilla", "lavender", "coconut", "cucumber"], "size": ["8 fl oz", "16 fl oz", "32 fl oz"]},
             (5, 25),
         ),
@@ -262,6 +262,16 @@ def _price_bound(price: float) -> float:
     return float(next((b for b in _PRICE_BOUNDS if b >= price * 1.05), math.ceil(price * 1.2)))
 
 
+def _option_phrase(dim: str, value: str) -> str:
+    if dim == "model":
+        return f"for the {value}"
+    if dim in ("scent", "flavor"):
+        return f"{value} {dim}"
+    if dim == "size" and " " not in value:
+        return f"size {value}"
+    return value  # values that carry their unit already: "24 oz", "20 count", "65W", "queen"
+
+
 def make_goal(catalog: Catalog, seed: int) -> Goal:
     """Pick a target product for `seed` and write the shopper's instruction for it."""
     rng = random.Random(f"goal-{catalog.seed}-{seed}")
@@ -272,7 +282,7 @@ def make_goal(catalog: Catalog, seed: int) -> Goal:
     before = [a for a in attributes if not a.startswith(("for ", "with "))]
     after = [a for a in attributes if a.startswith(("for ", "with "))]
     noun = " ".join([*([options["color"]] if "color" in options else []), *before, product.product_type, *after])
-    details = [f"{dim} {value}" for dim, value in options.items() if dim != "color"]
+    details = [_option_phrase(dim, value) for dim, value in options.items() if dim != "color"]
     article = "an" if noun[0] in "aeiou" else "a"
     opener = rng.choice(["i'm looking for", "i need", "find me", "i want to buy", "please get me"])
     price_text = rng.choice([f"under ${bound:g}", f"price lower than {bound:.2f} dollars", f"for less than ${bound:g}"])
