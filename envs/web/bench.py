@@ -37,9 +37,9 @@ async def _worker(env: WebShopEnv, seeds: list[int], totals: list[float]) -> Non
         totals[0] += reward
 
 
-async def run(concurrency: int, episodes: int) -> BenchResult:
+async def run(concurrency: int, episodes: int, shop_url: str | None = None) -> BenchResult:
     """Play `episodes` oracle episodes with `concurrency` envs at once against one shared shop."""
-    envs = [WebShopEnv() for _ in range(concurrency)]
+    envs = [WebShopEnv(shop_url=shop_url) for _ in range(concurrency)]
     seeds = [list(range(i, episodes, concurrency)) for i in range(concurrency)]
     totals = [0.0, 0.0]  # reward sum, steps
     await envs[0].areset(seed=0)  # start the server and build the catalogue outside the timing
@@ -57,9 +57,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m envhub.envs.web.bench")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=256)
+    parser.add_argument("--shop-url", default=None, help="a shop started with `python -m envhub.envs.web.shop` (default: in-process)")
     args = parser.parse_args()
     for concurrency in (1, args.concurrency):
-        result = asyncio.run(run(concurrency, args.episodes))
+        result = asyncio.run(run(concurrency, args.episodes, args.shop_url))
         print(json.dumps(asdict(result)))
 
 

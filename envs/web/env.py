@@ -138,6 +138,11 @@ class WebShopEnv(AgentEnv):
             created = await response.json()
         self._sid = created["session"]
         self._goal = make_goal(self.catalog, goal_seed)
+        if created.get("instruction") != self._goal.instruction:
+            raise ConfigError(
+                f"the shop at {self.base_url} has a different catalogue than this env",
+                hint="start the shop and the env with the same catalog_seed and n_products",
+            )
         self._steps, self._done = 0, False
         await self._load("GET", created["url"])
         self._obs = self._page.text

@@ -3,9 +3,12 @@
 import socket
 
 import aiohttp
+import pytest
 
 from envhub.envs.web import ShopServer, acquire_server, release_server
+from envhub.envs.web.env import WebShopEnv
 from envhub.envs.web.page import parse_page
+from envhub.errors import ConfigError
 
 
 async def test_pages_search_product_and_buy_over_http(shop_server):
@@ -82,6 +85,20 @@ async def test_module_entry_serves_the_shop_for_a_person(tmp_path):
             async with http.get(f"http://127.0.0.1:{port}/") as response:  # a new session with a random goal
                 page = parse_page(await response.text())
         assert "/s/" in str(response.url) and page.search_form is not None and "Instruction:" in page.text
+        env = WebShopEnv(n_products=200, shop_url=f"http://127.0.0.1:{port}")  # the env against a shop in another process
+        try:
+            await env.areset(seed=0)
+            for action in env.oracle_actions():
+                _, reward, *_ = await env.astep(action)
+            assert reward == 1.0 and env._server is None
+        finally:
+            await env.aclose()
+        mismatched = WebShopEnv(n_products=1200, shop_url=f"http://127.0.0.1:{port}")
+        try:
+            with pytest.raises(ConfigError, match="different catalogue"):
+                await mismatched.areset(seed=0)
+        finally:
+            await mismatched.aclose()
     finally:
         process.terminate()
         assert await asyncio.wait_for(process.wait(), 10) is not None
