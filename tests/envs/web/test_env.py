@@ -78,10 +78,14 @@ async def test_bad_input_gives_readable_observations_and_the_episode_continues()
             obs, reward, terminated, truncated, info = await env.astep(action)
             assert expected.lower() in obs.lower() and expected.lower() in info["error"].lower(), action
             assert reward == 0.0 and not terminated and "[Search]" in obs  # still on the home page
-        await env.astep("search[blanket]")
-        obs, *_ , info = await env.astep("search[lamp]")
+        obs, *_, info = await env.astep("search[café & crème / qq% <i>zz</i>?page=kk]")  # odd characters are just words
+        assert "error" not in info and "No products matched" in obs
+        await env.astep("click[Back to Search]")
+        obs, *_, info = await env.astep("search[" + "blanket " * 500 + "]")  # long queries are cut, not refused
+        assert "error" not in info and "[Next >]" in obs
+        obs, *_, info = await env.astep("search[lamp]")
         assert "not available on this page" in info["error"] and "Back to Search" in obs
-        obs, *_ , info = await env.astep("click[Buy Now]")
+        obs, *_, info = await env.astep("click[Buy Now]")
         assert "no element" in info["error"]
     finally:
         await env.aclose()
