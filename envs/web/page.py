@@ -1,4 +1,7 @@
-"""Served HTML to agent text: the page's words, with every clickable element marked as `[label]`."""
+"""Served HTML to agent text: the page's words, with every clickable element marked as `[label]`.
+
+Like a screen reader, it names an element by its `aria-label` when it has one and skips `aria-hidden` text.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from html.parser import HTMLParser
 
 _BLOCK = {"div", "p", "h1", "h2", "h3", "h4", "header", "main", "form", "li", "tr", "br", "section"}
 _SKIP = {"style", "script", "title", "head"}
+_VOID = {"input", "br", "img", "meta", "link", "hr", "area", "base", "col", "embed", "source", "track", "wbr"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class _PageParser(HTMLParser):
         self.out: list[str] = []
         self.elements: list[Element] = []
         self.search_form: Form | None = None
-        self._skip = 0
+        self._skip_stack: list[str] = []  # tags whose content is not read (style, script, aria-hidden)
         self._link: dict[str, str] | None = None
         self._link_text: list[str] = []
         self._form: dict | None = None
@@ -74,9 +78,12 @@ class _PageParser(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attr = {k: v or "" for k, v in attrs}
-        if tag in _SKIP:
-            self._skip += 1
-        elif tag in _BLOCK:
+        if tag not in _VOID and (self._skip_stack or tag in _SKIP or attr.get("aria-hidden") == "true"):
+            self._skip_stack.append(tag)  # inside a skipped element every tag is tracked, so nesting unwinds right
+            return
+        if self._skip_stack:
+            return
+        if tag in _BLOCK:
             self.out.append("\n")
         if tag == "a" and "href" in attr:
             self._link, self._link_text = attr, []
@@ -94,11 +101,11 @@ class _PageParser(HTMLParser):
             self._button = []
 
     def handle_endtag(self, tag: str) -> None:
-        if tag in _SKIP:
-            self._skip = max(0, self._skip - 1)
+        if self._skip_stack and tag == self._skip_stack[-1]:
+            self._skip_stack.pop()
         elif tag == "a" and self._link is not None:
             text = " ".join("".join(self._link_text).split())
-            label = self._link.get("data-element") or text
+            label = self._link.get("aria-label") or text
             if label:
                 self.elements.append(Element(label, href=self._link["href"]))
                 selected = " (selected)" if "selected" in self._link.get("class", "").split() else ""
@@ -126,8 +133,9 @@ class _PageParser(HTMLParser):
         return Form(f["action"], f["method"], tuple(f["fields"]), f["text"])
 
     def handle_data(self, data: str) -> None:
-        if self._skip:
+        if self._skip_stack:
             return
+        data = re.sub(r"\s+", " ", data)  # HTML whitespace is one space; lines come from block elements
         if self._button is not None:
             self._button.append(data)
         elif self._link is not None:

@@ -1,7 +1,7 @@
 """The shop's HTML pages: home with search, result lists, product pages with options, purchase summary.
 
-Every clickable element is a real link or form button; `data-element` gives an element the label an
-agent clicks (for options, "size: M") when its visible text alone would be ambiguous.
+Every clickable element is a real link or form button; `aria-label` gives an element the accessible
+name an agent clicks (for options, "size: M") when its visible text alone would be ambiguous.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ def product_page(sid: str, goal: Goal | None, product: Product, query: str, page
             href = f"/s/{sid}/item/{product.asin}?" + urlencode(params)
             css = ' class="selected"' if selected.get(dim) == value else ""
             label = escape(f"{dim}: {value}")
-            links.append(f'<a href="{escape(href)}"{css} data-element="{label}">{escape(value)}</a>')
-        option_rows.append(f"<div>{escape(dim)}: {' '.join(links)}</div>")
+            links.append(f'<a href="{escape(href)}"{css} aria-label="{label}">{escape(value)}</a>')
+        # Each link's accessible name already says "size: M", so the row's visible label is hidden from readers.
+        option_rows.append(f'<div><span aria-hidden="true">{escape(dim)}: </span>{" ".join(links)}</div>')
     hidden = "".join(
         f'<input type="hidden" name="{escape(name)}" value="{escape(str(value))}">'
         for name, value in {"asin": product.asin, "q": query, "page": page, **{f"opt.{d}": v for d, v in selected.items()}}.items()
