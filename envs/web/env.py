@@ -96,6 +96,7 @@ class WebShopEnv(AgentEnv):
         self._steps = 0
         self._done = False
         self._last_screenshot: str | None = None
+        self._extra_calls = 0  # tool calls beyond the first in the last action (ignored, and said so)
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -160,7 +161,11 @@ class WebShopEnv(AgentEnv):
         reward, terminated, info = 0.0, False, {}
         if error is None:
             error, reward, terminated, info = await self._act(verb, argument)
-        self._obs = self._page.text if error is None else f"{error}\n\n{self._page.text}"
+        if error is None and self._extra_calls:
+            error_note = f"Note: one action per turn; only the first of your {self._extra_calls + 1} tool calls was run."
+            self._obs = f"{error_note}\n\n{self._page.text}"
+        else:
+            self._obs = self._page.text if error is None else f"{error}\n\n{self._page.text}"
         self._done = terminated
         truncated = not terminated and self._steps >= self.max_steps
         info.update(self._step_info())
@@ -190,8 +195,10 @@ class WebShopEnv(AgentEnv):
     # -- actions ----------------------------------------------------------------------------
     def _parse(self, action: str | dict[str, Any]) -> tuple[str, str, str | None]:
         parsed = parse_tool_calls(action, self.tools)
+        self._extra_calls = 0
         if parsed.errors:
             return "", "", parsed.error_message()
+        self._extra_calls = max(0, len(parsed.calls) - 1)
         if parsed.calls:
             call = parsed.calls[0]
             return call.name, str(next(iter(call.arguments.values()), "")), None

@@ -103,6 +103,9 @@ async def test_tool_calls_and_loose_text_are_accepted():
         dim, value = next(iter(env.goal.options.items()))
         obs, _, _, _, info = await env.astep(f"The {dim} should be {value}, so: click[[{value}]]")  # value alone, bracketed
         assert "error" not in info and f"[{dim}: {value}] (selected)" in obs
+        two = '<tool_call>{"name": "click", "arguments": {"element": "Back to Search"}}</tool_call>' * 2
+        obs, _, _, _, info = await env.astep(two)
+        assert "only the first of your 2 tool calls" in obs and info["has_search"]
     finally:
         await env.aclose()
 
