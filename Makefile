@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
-APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git
+APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
 .PHONY: install system-packages docker-engine test test-fast demo clean
@@ -27,7 +27,7 @@ docker-engine: system-packages
 	@bash scripts/start-dockerd.sh
 
 test: install
-	ENVHUB_REQUIRE_DOCKER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
+	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

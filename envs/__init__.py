@@ -39,3 +39,11 @@ def register_builtin_envs() -> None:
         description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",
         source="envhub",
     )
+    register(
+        "WebShop-v0",
+        "envhub.envs.web.env:WebShopEnv",
+        max_episode_steps=20,
+        tags=("web", "single-agent"),
+        description="Find and buy the product an instruction describes in a local web shop (search, click, options).",
+        source="envhub",
+    )
