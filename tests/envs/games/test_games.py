@@ -139,3 +139,14 @@ def test_kuhn_hides_the_opponent_card_until_showdown():
     env.step(0)
     env.step(0)  # check, check: showdown
     assert f"opponent had {theirs}" in env.observe("player_0")["text"]
+
+
+def test_cli_lists_games_with_the_multi_agent_tag(capsys):
+    from envhub.cli import main
+
+    assert main(["list", "--tag", "multi-agent"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in lines) == sorted(GAME_IDS)
+    assert all("multi-agent" in line for line in lines)
+    assert main(["info", "KuhnPoker-v0"]) == 0
+    assert "player_0, player_1" in capsys.readouterr().out
