@@ -4,15 +4,15 @@ Rollout code cannot tell it from a local env: `areset`/`astep`/`aclose` talk to 
 aiohttp, and the sync methods drive them on envhub's background loop. Every request has a
 timeout; a server that is gone or stops answering raises `RemoteError` naming the URL, never hangs.
 Each reset opens a fresh server session (one session per episode) and closes the previous one.
+Construction does no I/O, so building many clients inside an event loop never blocks it; an
+unknown id or an unreachable server is reported by the first `reset`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 import aiohttp
@@ -41,24 +41,8 @@ class RemoteEnv(AgentEnv):
         self.session_id: str | None = None
         self._http: aiohttp.ClientSession | None = None
         self._http_loop: asyncio.AbstractEventLoop | None = None
-        self.remote_spec = self._fetch_spec()
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
-
-    def _fetch_spec(self) -> dict[str, Any]:
-        """Check the server and the id at construction, so mistakes surface at once."""
-        path = "/envs/" + urllib.parse.quote(self.env_id, safe="")
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=self.connect_timeout) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            body = _error_body(exc.read().decode("utf-8", errors="replace"))
-            if exc.code == 404:
-                raise EnvNotFound(body["error"], hint=body.get("hint", "")) from None
-            raise RemoteError(f"envhub server at {self.url} refused GET {path} ({exc.code}): {body['error']}", hint=body.get("hint", "")) from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise RemoteError(f"cannot reach the envhub server at {self.url}: {reason}", hint=_serve_hint(self.url)) from None
 
     # -- HTTP ---------------------------------------------------------------------------------
     def _client(self) -> aiohttp.ClientSession:
@@ -82,6 +66,9 @@ class RemoteEnv(AgentEnv):
                 f"envhub server at {self.url} stopped answering: no reply to {method} {path} within {limit.total:g}s",
                 hint=_serve_hint(self.url) + "; for slow envs raise RemoteEnv(request_timeout=...)",
             ) from None
+        except aiohttp.ClientConnectorError as exc:
+            what = "stopped answering mid-episode" if self.session_id is not None else "cannot be reached"
+            raise RemoteError(f"envhub server at {self.url} {what}: {exc.os_error}", hint=_serve_hint(self.url)) from None
         except aiohttp.ClientError as exc:
             raise RemoteError(f"envhub server at {self.url} stopped answering: {type(exc).__name__}: {exc}", hint=_serve_hint(self.url)) from None
         body = _error_body(text) if status >= 400 else json.loads(text)
@@ -101,7 +88,8 @@ class RemoteEnv(AgentEnv):
         self.session_id = reply["session_id"]
         for name in ("observation_space", "action_space"):
             described = reply.get(name) or {}
-            if described.get("type") == "Text":
+            current = getattr(self, name)
+            if described.get("type") == "Text" and (current.min_length, current.max_length) != (described.get("min_length", 0), described["max_length"]):
                 setattr(self, name, UnicodeText(described["max_length"], min_length=described.get("min_length", 0)))
         return reply["observation"], reply["info"]
 

@@ -129,8 +129,10 @@ async def test_bad_requests_get_4xx_with_a_message(env_server):
 
 
 def test_client_errors_are_envhub_errors(env_server):
+    typo = RemoteEnv(env_server.url, "Tictactoe-SelfPlay-v0")
     with pytest.raises(envhub.EnvNotFound, match="did you mean"):
-        RemoteEnv(env_server.url, "Tictactoe-SelfPlay-v0")
+        typo.reset()
+    typo.close()
     env = RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0", opponent="perfect")
     with pytest.raises(envhub.ResetNeeded):
         env.step("B2")
@@ -209,8 +211,10 @@ def test_killed_server_gives_a_clear_error_not_a_hang(served_process):
         env.step("A1")
     assert time.monotonic() - start < 5 and "envhub serve" in str(err.value)
     env.close()  # closing against a dead server does not raise either
-    with pytest.raises(RemoteError, match="cannot reach"):
-        RemoteEnv(url, "TicTacToe-SelfPlay-v0")
+    fresh = RemoteEnv(url, "TicTacToe-SelfPlay-v0")
+    with pytest.raises(RemoteError, match="cannot be reached"):
+        fresh.reset()
+    fresh.close()
 
 
 def test_frozen_server_times_out_instead_of_hanging(served_process):
