@@ -201,12 +201,15 @@ class EnvServer:
             raise HTTPError(404, str(exc.args[0]), exc.hint) from exc
 
     async def create(self, request: web.Request) -> web.Response:
-        from envhub.registry import make
+        from envhub.registry import list_envs, make
 
         body = await self._body(request)
         env_spec = self._lookup(body.get("env_id"))
         if env_spec.multiagent:
-            raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", f"serve one seat of it: use {env_spec.id.rsplit('-v', 1)[0]}-SelfPlay-v0")
+            seat_id = env_spec.id.rsplit("-v", 1)[0] + "-SelfPlay-v0"
+            registered = any(s.id == seat_id for s in list_envs())
+            hint = f"sessions play one seat: use {seat_id}" if registered else "multi-agent envs are played locally with envhub.make_multiagent"
+            raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", hint)
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise HTTPError(400, "'kwargs' must be a JSON object", 'e.g. {"kwargs": {"size": 6}}')

@@ -39,6 +39,14 @@ def register_builtin_envs() -> None:
         description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",
         source="envhub",
     )
+    register(
+        "RockPaperScissors-v0",
+        "envhub.envs.games.rock_paper_scissors:RockPaperScissorsEnv",
+        multiagent=True,
+        tags=("game", "parallel"),
+        description="Rock-paper-scissors over several rounds, both players moving at once (PettingZoo ParallelEnv).",
+        source="envhub",
+    )
     for game, module, about in (
         ("TicTacToe", "tictactoe:TicTacToeEnv", "Three in a row on a 3x3 board, with a perfect minimax player."),
         ("ConnectFour", "connect_four:ConnectFourEnv", "Four in a row on a 6x7 grid, with an alpha-beta player."),

@@ -107,7 +107,9 @@ async def test_bad_requests_get_4xx_with_a_message(env_server):
     status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "TicTacToo-SelfPlay-v0"})
     assert status == 404 and "TicTacToe-SelfPlay-v0" in body["hint"]
     status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "TicTacToe-v0"})
-    assert status == 400 and "SelfPlay" in body["hint"]
+    assert status == 400 and "TicTacToe-SelfPlay-v0" in body["hint"]
+    status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "RockPaperScissors-v0"})
+    assert status == 400 and "make_multiagent" in body["hint"]
     status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "TicTacToe-SelfPlay-v0", "kwargs": {"colour": 3}})
     assert status == 400 and "colour" in body["error"]
     status, body = await _raw(env_server, "POST", "/sessions/nope/step", json={"action": "B2"})

@@ -128,5 +128,7 @@ def test_registered_self_play_ids_pass_gymnasium_check_env(env_id):
 def test_bad_configuration_is_a_clear_error():
     with pytest.raises(envhub.ConfigError, match="unknown opponent"):
         SelfPlay("TicTacToe-v0", opponent="grandmaster")
+    with pytest.raises(envhub.ConfigError, match="turn game"):
+        SelfPlay("RockPaperScissors-v0")
     with pytest.raises(envhub.EnvNotFound):
         SelfPlay("TicTacToo-v0")

@@ -12,7 +12,7 @@ from envhub.envs.games.connect_four import ConnectFourEnv
 from envhub.envs.games.kuhn_poker import GAME_VALUE_FIRST_PLAYER, KuhnPokerEnv, nash_bet_probability, payoff
 from envhub.envs.games.tictactoe import TicTacToeEnv, minimax_value
 
-GAME_IDS = ["TicTacToe-v0", "ConnectFour-v0", "KuhnPoker-v0"]
+GAME_IDS = ["TicTacToe-v0", "ConnectFour-v0", "KuhnPoker-v0"]  # turn-based (AEC)
 
 
 @pytest.mark.parametrize("env_id", GAME_IDS)
@@ -146,7 +146,23 @@ def test_cli_lists_games_with_the_multi_agent_tag(capsys):
 
     assert main(["list", "--tag", "multi-agent"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert sorted(line.split()[0] for line in lines) == sorted(GAME_IDS)
+    assert sorted(line.split()[0] for line in lines) == sorted(GAME_IDS + ["RockPaperScissors-v0"])
     assert all("multi-agent" in line for line in lines)
     assert main(["info", "KuhnPoker-v0"]) == 0
     assert "player_0, player_1" in capsys.readouterr().out
+
+
+def test_rock_paper_scissors_passes_parallel_api_test_and_scores_rounds():
+    from pettingzoo.test import parallel_api_test
+
+    env = envhub.make_multiagent("RockPaperScissors-v0", rounds=3)
+    parallel_api_test(env, num_cycles=10)
+    obs, infos = env.reset(seed=0)
+    assert infos["player_0"]["legal_moves"] == ["rock", "paper", "scissors"]
+    moves = [("paper", "rock"), ("rock", "rock"), ("s", "Rock!")]
+    totals = {"player_0": 0.0, "player_1": 0.0}
+    for mine, theirs in moves:
+        obs, rewards, terminations, _, infos = env.step({"player_0": env.parse_move(mine), "player_1": env.parse_move(theirs)})
+        totals = {a: totals[a] + rewards[a] for a in totals}
+    assert totals == {"player_0": 0.0, "player_1": 0.0} and all(terminations.values()) and env.agents == []
+    assert "Round 1: you rock, opponent paper." in obs["player_1"] and "Score: you 1, opponent 1" in obs["player_1"]
