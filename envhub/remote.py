@@ -39,26 +39,26 @@ class RemoteEnv(AgentEnv):
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.session_id: str | None = None
-        self._http: aiohttp.ClientSession | None = None
-        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._clients: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self.observation_space = UnicodeText()
         self.action_space = UnicodeText()
 
     # -- HTTP ---------------------------------------------------------------------------------
-    def _client(self) -> aiohttp.ClientSession:
-        """The aiohttp session of the running loop (sync calls and the user's own loop differ)."""
+    async def _client(self) -> aiohttp.ClientSession:
+        """This env's aiohttp session for the running loop (sync calls run on envhub's own loop,
+        async calls on the caller's), created on first use so that it belongs to that loop."""
         loop = asyncio.get_running_loop()
-        if self._http is None or self._http.closed or self._http_loop is not loop:
-            if self._http is not None and not self._http.closed and self._http_loop is not None and self._http_loop.is_closed():
-                self._http.detach()  # its loop is gone, so it cannot be closed properly
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout))
-            self._http_loop = loop
-        return self._http
+        for gone in [other for other in self._clients if other.is_closed()]:
+            await _abandon(self._clients.pop(gone))
+        client = self._clients.get(loop)
+        if client is None or client.closed:
+            client = self._clients[loop] = aiohttp.ClientSession()
+        return client
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         limit = aiohttp.ClientTimeout(total=timeout or self.request_timeout, sock_connect=self.connect_timeout)
         try:
-            async with self._client().request(method, self.url + path, json=payload, timeout=limit) as reply:
+            async with (await self._client()).request(method, self.url + path, json=payload, timeout=limit) as reply:
                 text = await reply.text()
                 status = reply.status
         except asyncio.TimeoutError:
@@ -109,13 +109,30 @@ class RemoteEnv(AgentEnv):
 
     async def aclose(self) -> None:
         await self._close_session()
-        if self._http is not None and self._http_loop is asyncio.get_running_loop():
-            await self._http.close()
-        self._http = None
+        current = asyncio.get_running_loop()
+        clients, self._clients = self._clients, {}
+        for loop, client in clients.items():
+            if loop is current:
+                await client.close()
+            elif loop.is_running():  # e.g. envhub's background loop, when closed from the caller's
+                asyncio.run_coroutine_threadsafe(client.close(), loop)
+            else:
+                await _abandon(client)
 
     async def health(self) -> dict[str, Any]:
         """The server's `/health` reply."""
         return await self._request("GET", "/health", timeout=self.connect_timeout)
+
+
+async def _abandon(client: aiohttp.ClientSession) -> None:
+    """Forget a session whose event loop has ended: it cannot be closed on that loop any more."""
+    connector = client.connector
+    client.detach()
+    if connector is not None:
+        try:
+            await connector.close()  # with its loop closed this only drops the pooled connections
+        except Exception:
+            pass
 
 
 def _error_body(text: str) -> dict[str, Any]:

@@ -166,6 +166,8 @@ def test_too_many_sessions_get_429_and_idle_ones_are_reaped():
         with pytest.raises(RemoteError, match="reaped"):
             first.step("B2")
         third.reset(seed=0)  # room again
+        for env in (first, second, third):
+            env.close()
     finally:
         stop()
 
@@ -199,6 +201,7 @@ def served_process():
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
     proc.wait(timeout=10)
+    proc.stdout.close()
 
 
 def test_killed_server_gives_a_clear_error_not_a_hang(served_process):
@@ -228,6 +231,7 @@ def test_frozen_server_times_out_instead_of_hanging(served_process):
     with pytest.raises(RemoteError, match="no reply to POST"):
         env.step("B2")
     assert time.monotonic() - start < 4
+    env.close()  # best effort against a frozen server: bounded by connect_timeout
 
 
 def test_info_is_made_json_safe():
@@ -236,3 +240,14 @@ def test_info_is_made_json_safe():
     safe = json_safe({"mask": np.array([1, 0], dtype=np.int8), "x": np.float32(0.5), "s": {1, 2}, "f": float("nan"), "o": object})
     assert safe["mask"] == [1, 0] and safe["x"] == 0.5 and sorted(safe["s"]) == [1, 2] and safe["f"] == "nan"
     assert isinstance(safe["o"], str)
+
+
+def test_one_client_works_from_sync_code_and_from_several_event_loops(env_server):
+    env = RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0", opponent="scripted")
+    _, info = env.reset(seed=0)  # envhub's background loop
+    first = asyncio.run(env.astep(info["legal_moves"][0]))  # a loop of the caller's, closed afterwards
+    second = asyncio.run(env.astep(first[4]["legal_moves"][0]))  # another one
+    third = env.step(second[4]["legal_moves"][0])
+    assert "Your opponent played" in first[0] + second[0] + third[0] and not first[2]
+    env.close()
+    assert not env_server.server.sessions or all(s.env_id != "TicTacToe-SelfPlay-v0" for s in env_server.server.sessions.values())

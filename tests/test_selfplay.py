@@ -132,3 +132,20 @@ def test_bad_configuration_is_a_clear_error():
         SelfPlay("RockPaperScissors-v0")
     with pytest.raises(envhub.EnvNotFound):
         SelfPlay("TicTacToo-v0")
+
+
+def test_self_play_takes_a_game_instance_and_is_deterministic():
+    from envhub.envs.games.connect_four import ConnectFourEnv
+
+    def trajectory():
+        env = SelfPlay(ConnectFourEnv(depth=2), opponent="perfect", seat="random")
+        obs, _ = env.reset(seed=11)
+        observations = [obs]
+        for move in ("4", "3", "5", "4", "2"):
+            obs, _, terminated, *_ = env.step(move)
+            observations.append(obs)
+            if terminated:
+                break
+        return observations
+
+    assert trajectory() == trajectory()
