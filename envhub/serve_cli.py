@@ -9,12 +9,16 @@ from typing import Any
 def _cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from envhub.errors import EnvhubError
     from envhub.server import EnvServer
 
     limits = {k: v for k, v in (("idle_timeout", args.idle_timeout), ("max_sessions", args.max_sessions)) if v is not None}
     server = EnvServer(**limits)
     print(f"envhub: serving every registered env on http://{args.host}:{args.port} (idle timeout {server.idle_timeout:g}s)", flush=True)
-    web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
+    try:
+        web.run_app(server.app(), host=args.host, port=args.port, print=None, access_log=None)
+    except OSError as exc:
+        raise EnvhubError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", hint="choose another --port, or stop what is using it") from None
     return 0
 
 

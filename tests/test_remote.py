@@ -126,6 +126,11 @@ async def test_bad_requests_get_4xx_with_a_message(env_server):
     assert status == 404 and "error" in body
     status, body = await _raw(env_server, "DELETE", f"/sessions/{sid}")
     assert status == 200 and body == {"closed": sid}
+    status, body = await _raw(env_server, "GET", "/envs")
+    listed = {spec["id"]: spec for spec in body}
+    assert status == 200 and listed["TicTacToe-v0"]["multiagent"] and not listed["TicTacToe-SelfPlay-v0"]["multiagent"]
+    status, body = await _raw(env_server, "GET", "/envs/ConectFour-SelfPlay-v0")
+    assert status == 404 and "ConnectFour-SelfPlay-v0" in body["hint"]
     status, body = await _raw(env_server, "GET", "/health")
     assert status == 200 and body["status"] == "ok"
 
@@ -251,3 +256,14 @@ def test_one_client_works_from_sync_code_and_from_several_event_loops(env_server
     assert "Your opponent played" in first[0] + second[0] + third[0] and not first[2]
     env.close()
     assert not env_server.server.sessions or all(s.env_id != "TicTacToe-SelfPlay-v0" for s in env_server.server.sessions.values())
+
+
+def test_serve_on_a_busy_port_is_one_clear_line(capsys):
+    from envhub.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
+    err = capsys.readouterr().err
+    assert "cannot serve on 127.0.0.1:" in err and "hint: choose another --port" in err
