@@ -11,7 +11,8 @@ Endpoints (all JSON; errors are 4xx/5xx with {"error": ..., "hint": ...}):
   DELETE /sessions/{id}              -> {"closed": id}
 
 Sessions idle longer than `idle_timeout` seconds are closed by a reaper task; past `max_sessions`
-new sessions get 429. Envs are driven through their async methods (`areset`/`astep`).
+new sessions get 429. Async envs are driven through `areset`/`astep` on the server's loop; envs
+that implement only sync `reset`/`step` run in a worker thread, so a slow one stalls nobody else.
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return repr(value)
+
+
+def _sync_only(env: Any) -> bool:
+    """True for envs that implement only sync `step`: they run in a worker thread so that a slow
+    one cannot stall the server's loop (async envs are awaited on it)."""
+    from envhub.core import AgentEnv
+
+    cls = type(env.unwrapped)
+    if not issubclass(cls, AgentEnv):
+        return True
+    return cls.step is not AgentEnv.step and cls.astep is AgentEnv.astep
 
 
 def space_json(space: Any) -> dict[str, Any]:
@@ -239,7 +251,10 @@ class EnvServer:
         if options is not None and not isinstance(options, dict):
             raise HTTPError(400, "'options' must be a JSON object or null")
         async with session.lock:
-            obs, info = await session.env.areset(seed=seed, options=options)
+            if _sync_only(session.env):
+                obs, info = await asyncio.to_thread(session.env.reset, seed=seed, options=options)
+            else:
+                obs, info = await session.env.areset(seed=seed, options=options)
             session.needs_reset = False
         session.last_used = time.monotonic()
         return {"observation": json_safe(obs), "info": json_safe(info)}
@@ -260,7 +275,10 @@ class EnvServer:
             raise HTTPError(409, "step before reset: the episode has not started or has ended", f"POST /sessions/{session.id}/reset first")
         async with session.lock:
             try:
-                obs, reward, terminated, truncated, info = await session.env.astep(action)
+                if _sync_only(session.env):
+                    obs, reward, terminated, truncated, info = await asyncio.to_thread(session.env.step, action)
+                else:
+                    obs, reward, terminated, truncated, info = await session.env.astep(action)
             except ResetNeeded as exc:
                 session.needs_reset = True
                 raise HTTPError(409, str(exc.args[0]), exc.hint or "reset the session") from exc

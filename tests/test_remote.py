@@ -267,3 +267,30 @@ def test_serve_on_a_busy_port_is_one_clear_line(capsys):
         assert main(["serve", "--port", str(busy.getsockname()[1])]) == 2
     err = capsys.readouterr().err
     assert "cannot serve on 127.0.0.1:" in err and "hint: choose another --port" in err
+
+
+class SlowSyncEnv(envhub.AgentEnv):
+    """A sync-only env whose step blocks for a while, as a CPU-bound or subprocess env would."""
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return "ready", info
+
+    def step(self, action):
+        time.sleep(0.5)
+        return "done", 1.0, True, False, {}
+
+
+async def test_a_slow_sync_env_does_not_stall_other_sessions(env_server):
+    envhub.register("SlowSyncTest-v0", SlowSyncEnv)
+    slow, fast = RemoteEnv(env_server.url, "SlowSyncTest-v0"), RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0")
+    await slow.areset(seed=0)
+    await fast.areset(seed=0)
+    slow_step = asyncio.ensure_future(slow.astep("go"))
+    await asyncio.sleep(0.05)
+    start = time.perf_counter()
+    await fast.astep("B2")
+    assert time.perf_counter() - start < 0.4 and not slow_step.done()
+    assert (await slow_step)[1] == 1.0
+    await slow.aclose()
+    await fast.aclose()
