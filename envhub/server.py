@@ -106,6 +106,7 @@ class EnvServer:
         self.sessions: dict[str, Session] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.reaped = 0
+        self._creating = 0
 
     def app(self) -> web.Application:
         """The aiohttp application serving this table."""
@@ -225,12 +226,15 @@ class EnvServer:
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise HTTPError(400, "'kwargs' must be a JSON object", 'e.g. {"kwargs": {"size": 6}}')
-        if len(self.sessions) >= self.max_sessions:
+        if len(self.sessions) + self._creating >= self.max_sessions:
             raise HTTPError(429, f"the server holds its maximum of {self.max_sessions} sessions", "close finished sessions (DELETE /sessions/{id}) or retry later")
+        self._creating += 1  # counted against max_sessions while the env is being built
         try:
             env = await asyncio.to_thread(make, env_spec.id, **kwargs)
         except (TypeError, ValueError, EnvhubError) as exc:
             raise HTTPError(400, f"cannot make {env_spec.id} with kwargs {kwargs}: {exc}", f"`envhub info {env_spec.id}` lists its kwargs") from exc
+        finally:
+            self._creating -= 1
         session = Session(id=uuid.uuid4().hex, env_id=env_spec.id, env=env)
         self.sessions[session.id] = session
         reply: dict[str, Any] = {
@@ -241,7 +245,11 @@ class EnvServer:
             "idle_timeout": self.idle_timeout,
         }
         if body.get("reset"):
-            reply.update(await self._reset(session, body))
+            try:
+                reply.update(await self._reset(session, body))
+            except BaseException:
+                await self._close(session)  # the client never learns this id, so do not keep it
+                raise
         return web.json_response(reply)
 
     async def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:

@@ -87,11 +87,12 @@ async def test_100_concurrent_sessions_from_the_callers_own_loop(env_server):
         finally:
             await env.aclose()
 
+    before = len(env_server.server.sessions)
     start = time.perf_counter()
     results = await asyncio.gather(*(episode(seed) for seed in range(100)))
     elapsed = time.perf_counter() - start
     assert len(results) == 100 and set(results) <= {-1.0, 0.0, 1.0}
-    assert len(env_server.server.sessions) == 0  # every episode closed its session
+    assert len(env_server.server.sessions) == before  # every episode closed its session
     print(f"100 concurrent remote TicTacToe episodes in {elapsed:.2f}s")
 
 
@@ -294,3 +295,23 @@ async def test_a_slow_sync_env_does_not_stall_other_sessions(env_server):
     assert (await slow_step)[1] == 1.0
     await slow.aclose()
     await fast.aclose()
+
+
+class BrokenResetEnv(envhub.AgentEnv):
+    """An env whose reset raises: the server answers 500 and keeps no orphan session."""
+
+    def reset(self, *, seed=None, options=None):
+        raise RuntimeError("the level file is missing")
+
+    def step(self, action):
+        return "", 0.0, True, False, {}
+
+
+def test_an_env_that_raises_gives_500_and_leaves_no_session(env_server):
+    envhub.register("BrokenResetTest-v0", BrokenResetEnv)
+    before = len(env_server.server.sessions)
+    env = RemoteEnv(env_server.url, "BrokenResetTest-v0")
+    with pytest.raises(RemoteError, match="500.*level file is missing"):
+        env.reset(seed=0)
+    assert len(env_server.server.sessions) == before
+    env.close()
