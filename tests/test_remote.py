@@ -80,6 +80,7 @@ async def test_100_concurrent_sessions_from_the_callers_own_loop(env_server):
         env = RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0", seat="random")
         try:
             _, info = await env.areset(seed=seed)
+            peak.append(len(env_server.server.sessions))
             while True:
                 _, _, terminated, truncated, info = await env.astep(info["legal_moves"][0])
                 if terminated or truncated:
@@ -87,13 +88,14 @@ async def test_100_concurrent_sessions_from_the_callers_own_loop(env_server):
         finally:
             await env.aclose()
 
-    before = len(env_server.server.sessions)
+    before, peak = len(env_server.server.sessions), []
     start = time.perf_counter()
     results = await asyncio.gather(*(episode(seed) for seed in range(100)))
     elapsed = time.perf_counter() - start
     assert len(results) == 100 and set(results) <= {-1.0, 0.0, 1.0}
     assert len(env_server.server.sessions) == before  # every episode closed its session
-    print(f"100 concurrent remote TicTacToe episodes in {elapsed:.2f}s")
+    assert max(peak) - before >= 50  # they really were open at the same time
+    print(f"100 concurrent remote TicTacToe episodes in {elapsed:.2f}s, peak {max(peak) - before} sessions open")
 
 
 async def _raw(env_server, method: str, path: str, **kwargs) -> tuple[int, dict]:
