@@ -124,7 +124,7 @@ class SelfPlay(AgentEnv):
         self._illegal_streak = 0
         self.game.step(chosen)
         opponent_moves = await self._play_opponent()
-        outcome = self.game._outcome()
+        outcome = self.game.outcome()
         reward = 0.0 if outcome is None else float(outcome[self.seat])
         self._done = outcome is not None
         return self._observation(opponent_moves), reward, self._done, False, self._info(opponent_moves)
@@ -187,7 +187,7 @@ class SelfPlay(AgentEnv):
         mask = [0] * self.game.num_actions
         for a in legal:
             mask[a] = 1
-        outcome = self.game._outcome()
+        outcome = self.game.outcome()
         return {
             "seat": self.seat,
             "legal_moves": [self.game.move_name(a) for a in legal],

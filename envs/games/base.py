@@ -100,11 +100,10 @@ class TurnGame(AECEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if seed is not None or not hasattr(self, "_seeded"):
+        if seed is not None:
             self.rng = np.random.default_rng(seed)
-            self._seeded = True
             for i, agent in enumerate(self.possible_agents):
-                self.action_spaces[agent].seed(None if seed is None else seed + i)
+                self.action_spaces[agent].seed(seed + i)
         self.agents = list(self.possible_agents)
         self.history = []
         self._new_state()
@@ -157,6 +156,10 @@ class TurnGame(AECEnv):
         pass
 
     # -- text helpers -------------------------------------------------------------------------
+    def outcome(self) -> tuple[float, float] | None:
+        """Final rewards of (player_0, player_1), or None while the game goes on."""
+        return self._outcome()
+
     def game_over(self) -> bool:
         """True once the game has a result."""
         return self._outcome() is not None

@@ -8,7 +8,6 @@ scoring leaves by open lines; it always takes a win in one and blocks a loss in 
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
 import numpy as np
 

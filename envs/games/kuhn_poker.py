@@ -10,7 +10,6 @@ player's expected winnings against it are -1/18 chip per hand whatever they do b
 from __future__ import annotations
 
 import re
-from typing import ClassVar
 
 import numpy as np
 

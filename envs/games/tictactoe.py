@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import ClassVar
 
 import numpy as np
 

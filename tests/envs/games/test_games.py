@@ -83,7 +83,7 @@ def play_seats(env, players, seed):
     rng = np.random.default_rng(seed)
     while not env.game_over():
         env.step(players[env.current_seat()](env, rng))
-    return env._outcome()
+    return env.outcome()
 
 
 def solver(env, rng):
