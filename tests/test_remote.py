@@ -72,6 +72,9 @@ def test_kwargs_reach_the_remote_env(env_server):
     env = RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0", opponent="perfect", seat=1)
     obs, info = env.reset(seed=0)
     assert info["seat"] == 1 and "Your opponent played" in obs
+    move = info["legal_moves"][0]
+    obs, reward, *_ , info = env.step({"name": "move", "arguments": {"move": move}})  # a tool-call dict travels as JSON
+    assert reward == 0.0 and move not in info["legal_moves"]
     env.close()
 
 

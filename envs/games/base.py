@@ -8,7 +8,8 @@ bookkeeping: agent order, rewards, terminations, infos and the action mask.
 Observations are dicts: `"text"` is what a language model reads (board, whose turn, legal moves);
 `"observation"` (a numeric encoding) and `"action_mask"` are there because PettingZoo's
 `api_test` requires numeric arrays under those keys. `infos[agent]` repeats the mask and lists the
-legal moves by name.
+legal moves by name. Stepping an illegal action id raises ValueError naming the legal moves
+(`envhub.SelfPlay` turns illegal text moves into observations instead).
 """
 
 from __future__ import annotations

@@ -166,3 +166,11 @@ def test_rock_paper_scissors_passes_parallel_api_test_and_scores_rounds():
         totals = {a: totals[a] + rewards[a] for a in totals}
     assert totals == {"player_0": 0.0, "player_1": 0.0} and all(terminations.values()) and env.agents == []
     assert "Round 1: you rock, opponent paper." in obs["player_1"] and "Score: you 1, opponent 1" in obs["player_1"]
+
+
+def test_illegal_action_id_raises_with_the_legal_moves():
+    env = TicTacToeEnv()
+    env.reset(seed=0)
+    env.step(4)
+    with pytest.raises(ValueError, match="illegal action 4 for player_1; legal: A1, B1"):
+        env.step(4)
