@@ -140,7 +140,8 @@ class SelfPlay(AgentEnv):
             return None, parsed.error_message() + "\n" + legal_text
         else:
             text = parsed.text
-        candidates = [text, *text.strip().splitlines()[-1:], *text.split()[-1:]]
+        # a model often reasons first and names its move last: try the last word, the last line, then everything
+        candidates = [*text.split()[-1:], *text.strip().splitlines()[-1:], text]
         chosen = next((a for a in map(self.game.parse_move, candidates) if a is not None), None)
         shown = text.strip()[:80] or "(empty)"
         if chosen is None:

@@ -73,6 +73,10 @@ def test_move_tool_call_and_prose_with_the_move_last():
     assert reward == 0.0 and "R" in obs.splitlines()[-4]
     obs, reward, *_ = env.step("I will drop in the middle again:\n4")
     assert reward == 0.0 and "Legal moves" in obs
+    env = SelfPlay("TicTacToe-v0", opponent="scripted")
+    env.reset(seed=0)
+    obs, *_ = env.step("Not A1; I'll take the centre: B2")
+    assert "2  . X ." in obs
 
 
 def test_callable_opponents_sync_and_async_receive_text_and_moves():
