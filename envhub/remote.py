@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.parse
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from envhub.core import AgentEnv, UnicodeText
 from envhub.errors import EnvhubError, EnvNotFound, ResetNeeded
+
+if TYPE_CHECKING:  # aiohttp is imported on first use, keeping `import envhub` light
+    import aiohttp
 
 
 class RemoteError(EnvhubError):
@@ -47,6 +48,8 @@ class RemoteEnv(AgentEnv):
     async def _client(self) -> aiohttp.ClientSession:
         """This env's aiohttp session for the running loop (sync calls run on envhub's own loop,
         async calls on the caller's), created on first use so that it belongs to that loop."""
+        import aiohttp
+
         loop = asyncio.get_running_loop()
         for gone in [other for other in self._clients if other.is_closed()]:
             await _abandon(self._clients.pop(gone))
@@ -56,6 +59,8 @@ class RemoteEnv(AgentEnv):
         return client
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
+        import aiohttp
+
         limit = aiohttp.ClientTimeout(total=timeout or self.request_timeout, sock_connect=self.connect_timeout)
         try:
             async with (await self._client()).request(method, self.url + path, json=payload, timeout=limit) as reply:
