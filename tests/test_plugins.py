@@ -100,9 +100,10 @@ def test_broken_plugin_warns_with_its_package_name_and_builtins_still_work(insta
         import warnings
         warnings.simplefilter("always")
         import envhub
-        print(sorted(s.id for s in envhub.list_envs(tag="game"))[:2], "Countdown-v0" in {s.id for s in envhub.list_envs()})
+        ids = {s.id for s in envhub.list_envs()}
+        print("FrozenLake-v0" in ids, "Sokoban-v0" in ids, "Countdown-v0" in ids)
         """
     )
     assert run.returncode == 0, run.stderr
     assert BROKEN in run.stderr and "boom" in run.stderr and "Built-in envs are unaffected" in run.stderr
-    assert "FrozenLake-v0" in run.stdout and run.stdout.strip().endswith("True")
+    assert run.stdout.split() == ["True", "True", "True"]

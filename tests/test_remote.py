@@ -159,7 +159,7 @@ def test_client_errors_are_envhub_errors(env_server):
 
 
 def test_too_many_sessions_get_429_and_idle_ones_are_reaped():
-    from conftest import start_server
+    from tests.conftest import start_server
 
     running, stop = start_server(idle_timeout=0.3, max_sessions=2)
     try:
