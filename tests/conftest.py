@@ -1,0 +1,1 @@
+pytest_plugins = ["envhub.sandboxes.testing"]  # shared sandbox pool fixtures
