@@ -9,7 +9,7 @@ from envhub.errors import SandboxError
 from envhub.sandboxes import ExecResult, LocalSandbox, SandboxPool
 
 
-@pytest.fixture(params=["docker"])
+@pytest.fixture(params=["docker", "bwrap"])
 def pool(request):
     return request.getfixturevalue(f"{request.param}_pool")
 
