@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import shutil
 import subprocess
 import tempfile
@@ -99,22 +98,21 @@ class BwrapSandbox(Sandbox):
             command += ["--setenv", key, value]
         return command + ["--", *argv]
 
-    def _preexec(self) -> None:
+    def _launcher(self) -> list[str]:
+        # Limits are applied by a tiny wrapper that runs before bwrap, not by a preexec_fn: a
+        # preexec_fn (and cgroup v1 attach, which can take tens of ms) would run while the event
+        # loop waits in fork/exec.
         if self.cgroup is not None:
-            cgroups.enter(self.cgroup.procs_files())
-            return
-        # No cgroups: rlimits bound memory, processes and file sizes instead.
-        memory = self.limits.memory_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_NPROC, (self.limits.pids, self.limits.pids))
-        size = self.limits.workdir_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+            writes = "; ".join(f"echo $$ > {path}" for path in self.cgroup.procs_files())
+            return ["sh", "-c", f'{writes} && exec "$@"', "envhub-cgroup-enter"]
+        memory, files = self.limits.memory_mb * 2**20, self.limits.workdir_mb * 2**20
+        return ["prlimit", f"--as={memory}", f"--nproc={self.limits.pids}", f"--fsize={files}", "--"]
 
     async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
         if self.dead or self.rootfs is None:
             raise SandboxError("sandbox is not running (never started or closed)", hint="acquire a fresh sandbox from the pool")
         result = await run_process(
-            self._argv(argv, cwd, env), timeout=timeout, stdin=stdin, max_output=max_output, env={"PATH": _PATH}, preexec_fn=self._preexec
+            self._launcher() + self._argv(argv, cwd, env), timeout=timeout, stdin=stdin, max_output=max_output, env={"PATH": _PATH}
         )
         if result.timed_out and self.cgroup is not None:
             self.cgroup.kill_all()

@@ -127,17 +127,6 @@ class Cgroup:
                     time.sleep(0.01)
 
 
-def enter(procs_files: list[str]) -> None:
-    """Move the calling process into the given cgroups (runs in the child between fork and exec)."""
-    pid = str(os.getpid()).encode()
-    for path in procs_files:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, pid)
-        finally:
-            os.close(fd)
-
-
 def remove_orphans(alive: set[str]) -> list[str]:
     """Remove sandbox cgroups whose names are not in `alive` and whose owner pid is dead."""
     removed = []

@@ -65,7 +65,8 @@ class DockerSandbox(Sandbox):
 
         limits = self.limits
         try:
-            container = shared_client().containers.run(
+            # create + start, never `run`: the SDK's run() pulls a missing image, and no registry is reachable
+            container = shared_client().containers.create(
                 self.image,
                 ["sleep", "infinity"],
                 name=self.name,
@@ -88,6 +89,7 @@ class DockerSandbox(Sandbox):
                 environment={"HOME": WORKDIR, "PYTHONDONTWRITEBYTECODE": "1"},
                 labels=self.labels,
             )
+            container.start()
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build`") from None
         except docker.errors.APIError as exc:
