@@ -133,6 +133,12 @@ class DockerSandbox(Sandbox):
         self.dead = True
         await asyncio.to_thread(self._remove)
 
+    async def reset(self) -> None:
+        """Kill every sandbox process, then empty /workspace and /tmp."""
+        if self.container_id is not None and not self.dead:
+            await self._kill_all()
+        await super().reset()
+
     async def _oom_happened(self) -> bool:
         try:
             exec_id = await self._api.exec_create(self.container_id, ["sh", "-c", _OOM_PROBE], user=_USER, workdir="/", env={}, stdin=False)
