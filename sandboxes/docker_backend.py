@@ -65,7 +65,8 @@ class DockerSandbox(Sandbox):
 
         limits = self.limits
         try:
-            container = shared_client().containers.run(
+            # create + start, never `run`: the SDK's run() pulls a missing image, and no registry is reachable
+            container = shared_client().containers.create(
                 self.image,
                 ["sleep", "infinity"],
                 name=self.name,
@@ -88,6 +89,7 @@ class DockerSandbox(Sandbox):
                 environment={"HOME": WORKDIR, "PYTHONDONTWRITEBYTECODE": "1"},
                 labels=self.labels,
             )
+            container.start()
         except docker.errors.ImageNotFound:
             raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build`") from None
         except docker.errors.APIError as exc:
@@ -130,6 +132,12 @@ class DockerSandbox(Sandbox):
         # A fork bomb can leave no pid free for `kill`: stop the whole container instead.
         self.dead = True
         await asyncio.to_thread(self._remove)
+
+    async def reset(self) -> None:
+        """Kill every sandbox process, then empty /workspace and /tmp."""
+        if self.container_id is not None and not self.dead:
+            await self._kill_all()
+        await super().reset()
 
     async def _oom_happened(self) -> bool:
         try:

@@ -86,22 +86,27 @@ class SandboxPool:
             return self
         if self.backend == "docker":
             from envhub.sandboxes.docker_backend import remove_orphans
-            from envhub.sandboxes.images import require_base_image
+            from envhub.sandboxes.images import image_exists, require_base_image
 
             removed = await asyncio.to_thread(remove_orphans)
             if removed:
                 log.info("removed %d orphaned sandbox containers", len(removed))
             if self.image is None:
                 self.image = await asyncio.to_thread(require_base_image)
+            elif not await asyncio.to_thread(image_exists, self.image):
+                raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build` (images are built locally, never pulled)")
         elif self.backend == "bwrap":
             from envhub.sandboxes.bwrap_backend import check_bwrap, remove_orphan_dirs
 
             await asyncio.to_thread(check_bwrap)
             await asyncio.to_thread(remove_orphan_dirs)
         self._started = True
-        await asyncio.gather(*(self._add_spare() for _ in range(self.size)), return_exceptions=True)
+        self._pending += self.size
+        outcomes = await asyncio.gather(*(self._add_spare() for _ in range(self.size)), return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
         if self.size and self._spares.empty():
-            raise SandboxError(f"could not start any {self.backend} sandbox", hint="see the log; `envhub sandbox build` / `make install`")
+            await self.close()
+            raise errors[0] if isinstance(errors[0], SandboxError) else SandboxError(f"could not start any {self.backend} sandbox: {errors[0]}")
         return self
 
     def _new_sandbox(self) -> Sandbox:
@@ -130,7 +135,7 @@ class SandboxPool:
         return sandbox
 
     async def _add_spare(self) -> None:
-        self._pending += 1
+        """Create one spare; the caller has already counted it in `_pending`."""
         try:
             sandbox = await self._create()
         except Exception as exc:
@@ -146,6 +151,7 @@ class SandboxPool:
     def _refill(self) -> None:
         missing = self.size - self._spares.qsize() - self._pending
         for _ in range(max(missing, 0)):
+            self._pending += 1
             self._spawn(self._add_spare())
 
     def _spawn(self, coro) -> None:

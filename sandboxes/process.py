@@ -6,8 +6,6 @@ import asyncio
 import os
 import signal
 import time
-from typing import Callable
-
 from envhub.sandboxes.base import ExecResult, OutputCap
 
 _CHUNK = 1 << 16
@@ -40,7 +38,6 @@ async def run_process(
     max_output: int,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
-    preexec_fn: Callable[[], None] | None = None,
 ) -> ExecResult:
     """Run argv in a new session; on timeout SIGKILL its process group; stdout/stderr capped at max_output."""
     started = time.perf_counter()
@@ -52,7 +49,6 @@ async def run_process(
         env=env,
         cwd=cwd,
         start_new_session=True,
-        preexec_fn=preexec_fn,
         limit=_CHUNK * 4,
     )
     stdout, stderr = OutputCap(max_output), OutputCap(max_output)

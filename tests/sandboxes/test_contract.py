@@ -9,7 +9,7 @@ from envhub.errors import SandboxError
 from envhub.sandboxes import ExecResult, LocalSandbox, SandboxPool
 
 
-@pytest.fixture(params=["docker"])
+@pytest.fixture(params=["docker", "bwrap"])
 def pool(request):
     return request.getfixturevalue(f"{request.param}_pool")
 
@@ -65,12 +65,13 @@ async def test_write_archive(pool):
         assert await sb.read_file("/workspace/x/a/b.txt") == b"hi"
 
 
-async def test_reset_clears_workspace(pool):
+async def test_reset_clears_workspace_and_processes(pool):
     async with pool.acquire() as sb:
         await sb.write_file("/workspace/f.txt", "x")
+        await sb.exec("(sleep 300 > /dev/null 2>&1 &); true", timeout=10)
         await sb.reset()
-        r = await sb.exec("ls -A /workspace | wc -l", timeout=10)
-        assert r.stdout.strip() == "0"
+        r = await sb.exec("ls -A /workspace | wc -l; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10)
+        assert r.stdout.split() == ["0", "0"]
 
 
 async def test_timeout_is_a_result_not_an_exception(pool):
