@@ -39,3 +39,10 @@ def register_builtin_envs() -> None:
         description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",
         source="envhub",
     )
+    register(
+        "SWE-v0",
+        "envhub.envs.swe:SWEEnv",
+        tags=("swe", "sandbox", "single-agent"),
+        description="Fix a real bug in a Python repository (SWE-bench format); graded by hidden tests in a fresh sandbox.",
+        source="envhub",
+    )
