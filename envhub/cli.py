@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from envhub.errors import EnvhubError
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("envhub.play", "envhub.sandboxes.cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("envhub.play", "envhub.sandboxes.cli", "envhub.envs.swe.cli")
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

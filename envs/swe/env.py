@@ -91,6 +91,7 @@ class SWEEnv(AgentEnv):
         self._steps = 0
         self._done = False
         self._last = ""
+        self._base = "base"
 
     def _get_pool(self) -> Any:
         if self._pool is None:
@@ -118,15 +119,15 @@ class SWEEnv(AgentEnv):
         stack = contextlib.AsyncExitStack()
         try:
             sandbox = await stack.enter_async_context(self._get_pool().acquire())
-            await grading.load_repo(sandbox, self.instance, self.repos_dir)
+            self._base = await grading.load_repo(sandbox, self.instance, self.repos_dir)
         except BaseException:
             await stack.aclose()
             raise
         self._exit_stack = stack
-        self._ctx = ToolContext(sandbox=sandbox, workdir=grading.REPO_DIR, env=self, command_timeout=self.command_timeout)
+        self._ctx = ToolContext(sandbox=sandbox, workdir=grading.repo_dir(sandbox), env=self, command_timeout=self.command_timeout)
         self._steps, self._done = 0, False
         obs = (
-            f"Repository: {self.instance.repo} (checked out at /workspace/repo)\n\n"
+            f"Repository: {self.instance.repo} (checked out at {grading.repo_dir(self._ctx.sandbox)})\n\n"
             f"<issue>\n{self.instance.problem_statement.strip()}\n</issue>\n\n"
             f"Fix the issue by editing the repository, then call submit. You have {self.max_steps} steps."
         )
@@ -166,14 +167,15 @@ class SWEEnv(AgentEnv):
         """The agent's changes as a git diff against base (new and binary files included), or an error."""
         assert self._ctx is not None and self._ctx.sandbox is not None
         sandbox = self._ctx.sandbox
-        script = ("git add -A >/dev/null 2>&1; git diff --cached --binary --no-color --no-ext-diff base > /tmp/agent.diff 2>/tmp/agent.err"
-                  " && stat -c %s /tmp/agent.diff")
-        result = await sandbox.exec(script, timeout=120, cwd=grading.REPO_DIR, env=grading.GIT_IDENTITY)
+        script = ("mkdir -p ../.envhub && git add -A >/dev/null 2>&1; "
+                  f"git diff --cached --binary --no-color --no-ext-diff {self._base} > ../.envhub/agent.diff 2>../.envhub/agent.err"
+                  " && stat -c %s ../.envhub/agent.diff")
+        result = await sandbox.exec(script, timeout=120, cwd=grading.repo_dir(sandbox), env=grading.GIT_IDENTITY)
         if result.timed_out or result.exit_code != 0:
             return "", f"could not read the agent's changes (the repository may be broken): {(result.stderr or result.stdout).strip()[-200:] or 'git diff failed'}"
         if int(result.stdout.strip() or 0) > MAX_DIFF_BYTES:
             return "", f"the agent's diff is larger than {MAX_DIFF_BYTES // 2**20} MiB"
-        data = await sandbox.read_file("/tmp/agent.diff")
+        data = await sandbox.read_file(grading.repo_dir(sandbox) + "/../.envhub/agent.diff")
         return data.decode("utf-8", errors="replace"), None
 
     async def _finish(self, why: str, *, terminated: bool) -> tuple[str, float, bool, bool, dict[str, Any]]:

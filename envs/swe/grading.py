@@ -19,7 +19,6 @@ from typing import Any
 from envhub.envs.swe.tasks import DEFAULT_TEST_CMD, SWEInstance
 from envhub.errors import EnvhubError
 
-REPO_DIR = "/workspace/repo"
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "envhub", "GIT_AUTHOR_EMAIL": "agent@envhub.invalid",
     "GIT_COMMITTER_NAME": "envhub", "GIT_COMMITTER_EMAIL": "agent@envhub.invalid",
@@ -93,20 +92,29 @@ async def repo_archive(instance: SWEInstance, repos_dir: str | Path) -> bytes:
     return await asyncio.to_thread(_archive, str(repo_path(instance, repos_dir)), instance.base_commit)
 
 
-async def load_repo(sandbox: Any, instance: SWEInstance, repos_dir: str | Path, dest: str = REPO_DIR) -> None:
-    """Put the repo at base_commit into the sandbox as a fresh one-commit git repository (no history to peek at)."""
+def repo_dir(sandbox: Any) -> str:
+    """Where the task's repository lives inside `sandbox` (`/workspace/repo` on Docker and bwrap)."""
+    return f"{(sandbox.workdir or '/workspace').rstrip('/')}/repo"
+
+
+async def load_repo(sandbox: Any, instance: SWEInstance, repos_dir: str | Path) -> str:
+    """Put the repo at base_commit into the sandbox as a fresh one-commit git repository (no history to peek
+    at); returns that commit's hash inside the sandbox."""
+    dest = repo_dir(sandbox)
     await sandbox.write_archive(await repo_archive(instance, repos_dir), dest)
-    script = "git init -q && git add -A && git commit -q --no-verify -m base && git tag base"
+    script = "git init -q && git add -A && git commit -q --no-verify -m base && git tag base && git rev-parse HEAD"
     result = await sandbox.exec(script, timeout=120, cwd=dest, env=GIT_IDENTITY)
     if result.exit_code != 0:
         raise RepoError(f"cannot set up the repository in the sandbox: {(result.stderr or result.stdout).strip()[-300:]}")
+    return result.stdout.strip()
 
 
-async def apply_patch(sandbox: Any, patch: str, name: str, cwd: str = REPO_DIR) -> str | None:
-    """Apply a unified diff in the sandbox; None on success, else the error output."""
+async def apply_patch(sandbox: Any, patch: str, name: str) -> str | None:
+    """Apply a unified diff to the sandbox's repo; None on success, else the error output."""
     if not patch.strip():
         return None
-    path = f"/tmp/{name}.diff"
+    cwd = repo_dir(sandbox)
+    path = f"{cwd}/../.envhub/{name}.diff"
     await sandbox.write_file(path, patch if patch.endswith("\n") else patch + "\n")
     errors = ""
     for attempt in _APPLY_ATTEMPTS:
@@ -129,7 +137,7 @@ def test_command(instance: SWEInstance, tests: tuple[str, ...]) -> str:
 
 async def run_tests(sandbox: Any, instance: SWEInstance, tests: tuple[str, ...], timeout: float) -> tuple[dict[str, str], str, str | None]:
     """Run `tests` in the sandbox's repo; (outcome per test, output tail, error or None)."""
-    result = await sandbox.exec(test_command(instance, tests), timeout=timeout, cwd=REPO_DIR, env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
+    result = await sandbox.exec(test_command(instance, tests), timeout=timeout, cwd=repo_dir(sandbox), env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
     output = result.stdout + result.stderr
     found = parse_pytest_report(output)
     outcomes = {t: found.get(t, "MISSING") for t in tests}
@@ -156,7 +164,7 @@ async def grade_in_sandbox(sandbox: Any, instance: SWEInstance, model_patch: str
     # Like SWE-bench: the test files the test patch touches are reset first, so edits to them do not count.
     touched = " ".join(shlex.quote(p) for p in files_in_patch(instance.test_patch))
     if touched:
-        await sandbox.exec(f"git checkout -q base -- {touched} 2>/dev/null; true", timeout=60, cwd=REPO_DIR, env=GIT_IDENTITY)
+        await sandbox.exec(f"git checkout -q base -- {touched} 2>/dev/null; true", timeout=60, cwd=repo_dir(sandbox), env=GIT_IDENTITY)
     problem = await apply_patch(sandbox, instance.test_patch, "tests")
     if problem:
         return done(resolved=False, patch_applied=True, error=f"test patch does not apply: {problem}")
