@@ -36,17 +36,20 @@ async def validate_instance(instance: SWEInstance, pool: Any, repos_dir: str | P
         grade(instance, instance.patch, pool, repos_dir, test_timeout=test_timeout),
     )
     problems = []
-    if before.error and "test patch" in before.error:
-        problems.append(problem(before.error))
+    test_patch_broken = "test patch" in (before.error or "")
+    if test_patch_broken:
+        problems.append(problem(str(before.error)))
     elif before.error and not before.tests:
         problems.append(problem(f"before the gold patch: {before.error}"))
     else:
         problems += [problem(f"FAIL_TO_PASS test {t} passes before the gold patch") for t in instance.FAIL_TO_PASS if before.tests.get(t) in PASSING]
     if after.error and "model patch" in after.error:
         problems.append(problem(after.error.replace("model patch", "gold patch", 1)))
+    elif test_patch_broken:
+        pass
     elif after.error and not after.tests:
         problems.append(problem(f"after the gold patch: {after.error}"))
-    elif not (before.error and "test patch" in before.error):
+    else:
         for kind, tests in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
             problems += [problem(f"{kind} test {t} does not pass after the gold patch ({after.tests.get(t, 'MISSING')})")
                          for t in tests if after.tests.get(t) not in PASSING]
