@@ -144,7 +144,9 @@ class Sandbox(abc.ABC):
 
     async def upload_dir(self, local_dir: str | Path, dest: str) -> None:
         """Copy a local directory (e.g. a git repo) to `dest` inside the sandbox."""
-        await self.write_archive(tar_directory(local_dir), dest)
+        import asyncio
+
+        await self.write_archive(await asyncio.to_thread(tar_directory, local_dir), dest)
 
     async def __aenter__(self) -> "Sandbox":
         await self.start()
