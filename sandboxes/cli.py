@@ -22,9 +22,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     client = shared_client()
     for image in client.images.list(name="envhub/*"):
         print(f"image      {', '.join(image.tags) or image.short_id:<40} {image.attrs['Size'] / 1e6:.0f} MB")
-    for container in client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
-        labels = container.labels
-        print(f"container  {container.name:<40} {container.status:<10} pool={labels.get(LABEL_POOL, '-')} owner_pid={labels.get(LABEL_OWNER, '-')}")
+    for container in client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
+        labels = container.get("Labels") or {}
+        name = (container.get("Names") or ["?"])[0].lstrip("/")
+        print(f"container  {name:<40} {container.get('State', '?'):<10} pool={labels.get(LABEL_POOL, '-')} owner_pid={labels.get(LABEL_OWNER, '-')}")
     return 0
 
 

@@ -174,13 +174,15 @@ def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -
     """Remove sandbox containers whose owner process is dead (or of one pool, or all); return their names."""
     removed = []
     client = shared_client()
-    for container in client.containers.list(all=True, filters={"label": LABEL_SANDBOX}):
-        labels = container.labels
+    # the low-level list is one call; the high-level one inspects each container and fails when
+    # another process removes one meanwhile
+    for container in client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
+        labels = container.get("Labels") or {}
         owner = int(labels.get(LABEL_OWNER, "0") or 0)
         if all_sandboxes or (pool_id is not None and labels.get(LABEL_POOL) == pool_id) or not _pid_alive(owner):
             try:
-                client.api.remove_container(container.id, force=True)
-                removed.append(container.name)
+                client.api.remove_container(container["Id"], force=True)
+                removed.append((container.get("Names") or [container["Id"][:12]])[0].lstrip("/"))
             except Exception:
                 pass  # removed concurrently by its owner
     return removed

@@ -45,10 +45,14 @@ class EngineAPI:
         if body is not None:
             headers.append("Content-Type: application/json")
         headers += ["Connection: Upgrade", "Upgrade: tcp"] if upgrade else ["Connection: close"]
-        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
+        try:
+            writer.write(("\r\n".join(headers) + "\r\n\r\n").encode() + payload)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError) as exc:
+            writer.close()
+            raise SandboxError(f"Docker engine closed the connection during {method} {path} ({type(exc).__name__})") from None
         return status, reader, writer, head
 
     async def _json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:

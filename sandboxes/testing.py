@@ -39,13 +39,17 @@ def base_image() -> str:
 
 
 @pytest.fixture(scope="session")
-def base_rootfs(base_image: str) -> str:
-    """The base rootfs directory used by the bubblewrap backend."""
+def base_rootfs() -> str:
+    """The base rootfs directory used by the bubblewrap backend (built on first use; no Docker needed)."""
     from envhub.sandboxes.images import ensure_rootfs
 
     if shutil.which("bwrap") is None:
         unavailable("bubblewrap is not installed (make install)")
-    return str(ensure_rootfs())
+    try:
+        return str(ensure_rootfs())
+    except SandboxError as exc:
+        unavailable(f"no bwrap rootfs: {exc}")
+        raise
 
 
 @pytest.fixture

