@@ -30,6 +30,13 @@ Read the issue, explore the code with `view` and `bash`, reproduce the problem, 
 changes to the repository are then graded by hidden tests."""
 
 _pools: dict[tuple[Any, ...], Any] = {}
+MAX_OBSERVATION_CHARS = 100_000
+
+
+def printable(text: str) -> str:
+    """Text fit for the observation space: control characters (binary output) shown as \ufffd, length capped."""
+    text = text[:MAX_OBSERVATION_CHARS]
+    return text if text.isprintable() else "".join(c if c.isprintable() or c in "\n\t" else "\ufffd" for c in text)
 
 
 def shared_pool(backend: str = "docker", image: str | None = None, size: int = 2, max_size: int = 16) -> Any:
@@ -159,8 +166,8 @@ class SWEEnv(AgentEnv):
             obs = 'No tool call found. ' + 'Call a tool, e.g. <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>, or submit.'
         if self._steps >= self.max_steps:
             final = await self._finish("step limit reached", terminated=False)
-            return obs + "\n[step limit reached; your changes were graded]", *final[1:]
-        self._last = obs
+            return printable(obs + "\n[step limit reached; your changes were graded]"), *final[1:]
+        self._last = obs = printable(obs)
         return obs, 0.0, False, False, info
 
     async def agent_diff(self) -> tuple[str, str | None]:

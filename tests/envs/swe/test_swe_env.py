@@ -56,6 +56,8 @@ async def test_hostile_agent_gets_zero_with_a_reason_and_nothing_crashes(env):
     assert "ok" in binary
     viewed, *_ = await env.astep(tool_call("view", path="exprcalc/evaluator.py"))
     assert "not a UTF-8 text file" in viewed
+    dumped, *_ = await env.astep(tool_call("bash", command="cat blob.bin"))
+    assert env.observation_space.contains(dumped)
     garbage, reward, *_ = await env.astep("<tool_call>{not json</tool_call>")
     assert "not valid JSON" in garbage and reward == 0.0
     await env.astep(tool_call("bash", command="rm -rf / 2>/dev/null; rm -rf /workspace/repo/* ; ls"))
