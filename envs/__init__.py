@@ -70,3 +70,10 @@ def register_builtin_envs() -> None:
             description=f"{game} for one seat against an opponent (random by default).",
             source="envhub",
         )
+    register(
+        "SWE-v0",
+        "envhub.envs.swe:SWEEnv",
+        tags=("swe", "sandbox", "single-agent"),
+        description="Fix a real bug in a Python repository (SWE-bench format); graded by hidden tests in a fresh sandbox.",
+        source="envhub",
+    )

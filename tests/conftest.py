@@ -9,6 +9,8 @@ from typing import Iterator
 
 import pytest
 
+pytest_plugins = ["envhub.sandboxes.testing"]  # shared sandbox pool fixtures
+
 
 @dataclass
 class RunningServer:
