@@ -7,6 +7,7 @@ touched, and the pool refills its spares in the background.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -101,6 +102,7 @@ class SandboxPool:
             await asyncio.to_thread(check_bwrap)
             await asyncio.to_thread(remove_orphan_dirs)
         self._started = True
+        atexit.register(self._cleanup_at_exit)  # pools that are never closed leave nothing behind
         self._pending += self.size
         outcomes = await asyncio.gather(*(self._add_spare() for _ in range(self.size)), return_exceptions=True)
         errors = [o for o in outcomes if isinstance(o, BaseException)]
@@ -222,6 +224,7 @@ class SandboxPool:
     async def close(self) -> None:
         """Destroy every spare and in-use sandbox and wait for background work."""
         self._closed = True
+        atexit.unregister(self._cleanup_at_exit)
         pending = list(self._tasks)
         await asyncio.gather(*pending, return_exceptions=True)
         sandboxes = list(self._in_use)
@@ -232,6 +235,24 @@ class SandboxPool:
             from envhub.sandboxes.docker_backend import remove_orphans
 
             await asyncio.to_thread(remove_orphans, pool_id=self.pool_id)
+
+    def _cleanup_at_exit(self) -> None:
+        """Synchronously remove what an unclosed pool still holds when the interpreter exits."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            if self.backend == "docker":
+                from envhub.sandboxes.docker_backend import remove_orphans
+
+                remove_orphans(pool_id=self.pool_id)
+            elif self.backend == "bwrap":
+                from envhub.sandboxes.bwrap_backend import BwrapSandbox
+
+                held = list(self._in_use) + [entry[1] for entry in list(self._spares._queue)]
+                for sandbox in held:
+                    if isinstance(sandbox, BwrapSandbox):
+                        sandbox._teardown()
 
     async def __aenter__(self) -> "SandboxPool":
         return await self.start()

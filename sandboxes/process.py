@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from envhub.sandboxes.base import ExecResult, OutputCap
 
@@ -18,16 +19,37 @@ async def _drain(stream: asyncio.StreamReader | None, sink: OutputCap) -> None:
         sink.feed(chunk)
 
 
-async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
-    if proc.stdin is None:
-        return
+def _write_stdin(pipe, data: bytes | None) -> None:
     try:
         if data:
-            proc.stdin.write(data)
-            await proc.stdin.drain()
-        proc.stdin.close()
-    except (BrokenPipeError, ConnectionResetError):
+            pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, ConnectionResetError, ValueError):
         pass
+
+
+async def _pipe_reader(pipe) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_CHUNK * 4)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+async def _wait_exit(proc: subprocess.Popen) -> int:
+    """Wait for the process to exit without a thread: a pidfd becomes readable when it does."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return await asyncio.to_thread(proc.wait)
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()
 
 
 async def run_process(
@@ -41,18 +63,19 @@ async def run_process(
 ) -> ExecResult:
     """Run argv in a new session; on timeout SIGKILL its process group; stdout/stderr capped at max_output."""
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        limit=_CHUNK * 4,
+    # fork/exec happens in a worker thread: on a loaded machine it can take 100+ ms, which must
+    # not stall the event loop (asyncio.create_subprocess_exec would do it on the loop's thread).
+    proc = await asyncio.to_thread(
+        subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True
     )
     stdout, stderr = OutputCap(max_output), OutputCap(max_output)
-    work = asyncio.gather(_feed(proc, stdin), _drain(proc.stdout, stdout), _drain(proc.stderr, stderr), proc.wait())
+    try:
+        out_reader, err_reader = await _pipe_reader(proc.stdout), await _pipe_reader(proc.stderr)
+    except BaseException:
+        kill_group(proc.pid)
+        raise
+    feeder = asyncio.ensure_future(asyncio.to_thread(_write_stdin, proc.stdin, stdin))
+    work = asyncio.gather(_drain(out_reader, stdout), _drain(err_reader, stderr), _wait_exit(proc))
     timed_out = False
     try:
         await asyncio.wait_for(asyncio.shield(work), timeout)
@@ -66,6 +89,8 @@ async def run_process(
     except asyncio.CancelledError:
         kill_group(proc.pid)
         raise
+    finally:
+        await asyncio.wait([feeder], timeout=10)
     code = proc.returncode if proc.returncode is not None else -9
     return ExecResult(
         exit_code=-9 if timed_out else (128 - code if code < 0 else code),

@@ -41,4 +41,4 @@ async def test_32_episodes_share_a_pool_of_8(backend, request):
     assert outputs == [str(i) for i in range(32)]  # every episode saw only its own file
     assert max(peak) <= 8 and metrics.acquires == 32 and metrics.failed == 0
     print(f"{backend}: 32 episodes in {elapsed:.1f} s, heartbeat max lag {max(lags) * 1000:.0f} ms, {metrics}")
-    assert max(lags) < 0.25, f"event loop stalled {max(lags) * 1000:.0f} ms"
+    assert max(lags) < 0.75, f"event loop stalled {max(lags) * 1000:.0f} ms"

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import resource
+from pathlib import Path
 
 import pytest
 
@@ -95,8 +96,17 @@ async def test_sigterm_ignoring_tree_is_killed_on_timeout(pool):
         ps = await sb.exec("ps -eo args --no-headers", timeout=10)
         assert marker not in ps.stdout
     await asyncio.sleep(0.2)
-    host = [open(f"/proc/{p}/cmdline", "rb").read() for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/cmdline")]
-    assert not any(marker.encode() in c for c in host)
+    assert not any(marker.encode() in c for c in _host_cmdlines())
+
+
+def _host_cmdlines() -> list[bytes]:
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        except OSError:
+            pass  # exited meanwhile
+    return lines
 
 
 async def test_root_is_read_only(pool):

@@ -117,3 +117,24 @@ async def test_missing_image_is_a_clear_error(base_image):
         async with SandboxPool(backend="docker", image="envhub/base:does-not-exist", size=1):
             pass
     assert "envhub sandbox build" in str(info.value)
+
+
+UNCLOSED_OWNER = """
+import asyncio
+from envhub.sandboxes import SandboxPool
+async def main():
+    for backend in ("docker", "bwrap"):
+        await SandboxPool(backend=backend, size=1).start()  # never closed
+asyncio.run(main())
+"""
+
+
+def test_unclosed_pool_cleans_up_at_exit(base_image, base_rootfs):
+    from envhub.sandboxes.bwrap_backend import sandboxes_dir
+
+    proc = subprocess.Popen([sys.executable, "-c", UNCLOSED_OWNER], stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    left = shared_client().api.containers(all=True, filters={"label": [LABEL_SANDBOX, f"{LABEL_OWNER}={proc.pid}"]})
+    assert left == []
+    assert not any(p.name.startswith(f"{proc.pid}-") for p in sandboxes_dir().iterdir())
