@@ -8,20 +8,16 @@ each perpendicular side with 1/3, as in gymnasium's FrozenLake; moving off the e
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from typing import Any, Literal
 
 from envhub.core import AgentEnv
 from envhub.errors import ResetNeeded
-from envhub.toolcalls import parse_tool_calls
+from envhub.envs.directions import DIRECTIONS, read_direction
 from envhub.tools import tool
 
-DIRECTIONS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 PERPENDICULAR = {"up": ("left", "right"), "down": ("left", "right"), "left": ("up", "down"), "right": ("up", "down")}
 LEGEND = "Legend: S start, F frozen ice (safe), H hole (you fall in and lose), G goal, P you."
-MAX_ACTION_CHARS = 20_000
-_DIRECTION_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
 
 Cell = tuple[int, int]
 
@@ -92,7 +88,7 @@ class FrozenLakeEnv(AgentEnv):
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.position is None or self.done:
             raise ResetNeeded("step() called before reset() or after the episode ended", hint="call reset() first")
-        direction, problem = self._read_action(action)
+        direction, problem = read_direction(action, self.tools)
         if direction is None:
             return f"{problem}\n\n{self.render_text()}", 0.0, False, False, self._info(invalid=True)
         actual = direction
@@ -117,21 +113,6 @@ class FrozenLakeEnv(AgentEnv):
         if self.slippery:
             info["slipped"] = actual != direction
         return f"{message}\n\n{self.render_text()}", reward, terminated, False, info
-
-    def _read_action(self, action: Any) -> tuple[str | None, str]:
-        """The direction asked for, or None and a message explaining what was wrong."""
-        parsed = parse_tool_calls(action, self.tools)
-        if parsed.errors:
-            return None, parsed.error_message()
-        if parsed.calls:
-            return str(parsed.calls[-1].arguments["direction"]), ""
-        if len(parsed.text) > MAX_ACTION_CHARS:
-            return None, f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Reply with one direction: up, down, left or right."
-        words = _DIRECTION_WORD.findall(parsed.text)
-        if not words:
-            shown = parsed.text.strip()[:60] or "(empty)"
-            return None, f"No move found in your reply {shown!r}. Reply with one direction: up, down, left or right."
-        return words[-1].lower(), ""
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         r, c = self.position  # type: ignore[misc]

@@ -9,20 +9,16 @@ that are too easy, are thrown away and a new one is drawn.
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from typing import Any, Literal
 
 from envhub.core import AgentEnv
 from envhub.errors import ResetNeeded
-from envhub.toolcalls import parse_tool_calls
+from envhub.envs.directions import DIRECTIONS, read_direction
 from envhub.tools import tool
 
 WALL, FLOOR = "#", "_"
-DIRECTIONS: dict[str, tuple[int, int]] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 LEGEND = "Legend: # wall, _ floor, . target, $ box, * box on a target, @ you, + you on a target."
-MAX_ACTION_CHARS = 20_000
-_DIRECTION_WORD = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
 
 
 @tool
@@ -102,7 +98,7 @@ class SokobanEnv(AgentEnv):
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.state is None or self.done:
             raise ResetNeeded("step() called before reset() or after the level was solved", hint="call reset() first")
-        direction, problem = self._read_action(action)
+        direction, problem = read_direction(action, self.tools)
         if direction is None:
             return f"{problem}\n\n{self.render_text()}", 0.0, False, False, self._info(invalid=True)
         player, boxes = self.state
@@ -131,21 +127,6 @@ class SokobanEnv(AgentEnv):
 
     def _invalid(self, message: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         return f"{message} Nothing changed; try another direction.\n\n{self.render_text()}", 0.0, False, False, self._info(invalid=True)
-
-    def _read_action(self, action: Any) -> tuple[str | None, str]:
-        """The direction asked for, or None and a message explaining what was wrong."""
-        parsed = parse_tool_calls(action, self.tools)
-        if parsed.errors:
-            return None, parsed.error_message()
-        if parsed.calls:
-            return str(parsed.calls[-1].arguments["direction"]), ""
-        if len(parsed.text) > MAX_ACTION_CHARS:
-            return None, f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Reply with one direction: up, down, left or right."
-        words = _DIRECTION_WORD.findall(parsed.text)
-        if not words:
-            shown = parsed.text.strip()[:60] or "(empty)"
-            return None, f"No move found in your reply {shown!r}. Reply with one direction: up, down, left or right."
-        return words[-1].lower(), ""
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         player, boxes = self.state  # type: ignore[misc]
