@@ -151,7 +151,7 @@ class RolloutWorker:
                 top_p=cfg.top_p, stop_token_ids=tuple(sorted(self.stop_ids)),
             )
             result = await self.engine.generate(list(state.ids), sampling)
-            versions = result.meta.get("token_versions") or [result.weight_version] * len(result.output_ids)
+            versions = getattr(result, "token_versions", None) or [result.weight_version] * len(result.output_ids)
             state.extend(list(result.output_ids), list(result.logprobs), list(versions))
             state.turns += 1
             action, closing = chat.add_assistant(list(result.output_ids), self.stop_ids)
