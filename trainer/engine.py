@@ -47,6 +47,7 @@ class GenerateResult:
     finish_reason: FinishReason
     weight_version: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)  # policy version that sampled each output token
 
 
 class InferenceEngine(abc.ABC):

@@ -1,0 +1,329 @@
+"""LocalEngine: a transformers model served in-process with continuous batching, logprobs and in-place weight updates.
+
+An asyncio scheduler admits waiting requests between steps and runs each step (a batched prefill of the
+newcomers, or one batched decode step of every running row) in a worker thread. Requests join and leave
+between steps, so a long generation never holds up short ones. Logprobs: see `envhub.trainer.sampler`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from envhub.errors import EngineError
+from envhub.trainer.engine import FinishReason, GenerateResult, InferenceEngine, SamplingParams
+from envhub.trainer.kv_batch import DecodeBatch
+from envhub.trainer.sampler import sample_next
+from envhub.trainer.weights import load_state
+
+PauseMode = Literal["abort", "retract", "in_place"]
+_ids = itertools.count()
+
+
+@dataclass
+class EngineStats:
+    """Counters for measuring batching: steps run and rows they carried."""
+
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+    max_rows: int = 0
+    tokens: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        """Average rows per decode step."""
+        return self.decode_rows / self.decode_steps if self.decode_steps else 0.0
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+    resubmit: bool
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    retracts: int = 0
+    finish: FinishReason | None = None
+
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class LocalEngine(InferenceEngine):
+    """Serves a transformers causal LM on CPU or GPU; greedy output equals `model.generate`'s token for token."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        max_batch_size: int = 64,
+        eos_token_ids: tuple[int, ...] | None = None,
+        version: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.version = version
+        self.stats = EngineStats()
+        if eos_token_ids is None:
+            eos = getattr(model.generation_config, "eos_token_id", None) or getattr(tokenizer, "eos_token_id", None)
+            eos_token_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        self.eos_token_ids = eos_token_ids
+        self.pad_id = eos_token_ids[0] if eos_token_ids else 0
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []
+        self._batch: DecodeBatch | None = None
+        self._paused = False
+        self._closed = False
+        self._lock = asyncio.Lock()  # held for each step and for every change to the running batch
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+
+    @classmethod
+    def from_pretrained(cls, model: str = "smollm2", device: str | None = None, **kwargs: Any) -> "LocalEngine":
+        """An engine over "smollm2", "tiny" or a local HF directory, on CUDA (bf16) when present, else CPU (fp32)."""
+        from envhub.trainer.models import load_model
+
+        net, tokenizer = load_model(model, device=device)
+        return cls(net, tokenizer, **kwargs)
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the decode batch."""
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self._waiting)
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None, resubmit_aborted: bool = True
+    ) -> GenerateResult:
+        """Continue `input_ids`. With `resubmit_aborted`, requests interrupted by a pause/weight update continue after it."""
+        if self._closed:
+            raise EngineError("the engine is closed")
+        self._validate(input_ids, sampling)
+        loop = asyncio.get_running_loop()
+        request = _Request(rid or f"local-{next(_ids)}", list(input_ids), sampling, loop.create_future(), resubmit_aborted)
+        if sampling.max_new_tokens <= 0:
+            request.finish = "length"
+            return self._result(request)
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._run(), name="local-engine-scheduler")
+        self._waiting.append(request)
+        self._wake.set()
+        try:
+            return await asyncio.shield(request.future)
+        except asyncio.CancelledError:
+            await self.abort(request.rid)
+            raise
+
+    def _validate(self, input_ids: list[int], sampling: SamplingParams) -> None:
+        if not input_ids:
+            raise EngineError("input_ids is empty", hint="pass at least one prompt token")
+        bad = [t for t in input_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise EngineError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        if len(input_ids) >= self.max_positions:
+            raise EngineError(f"prompt of {len(input_ids)} tokens does not fit the context of {self.max_positions}")
+        if sampling.top_p <= 0 or sampling.top_p > 1:
+            raise EngineError(f"top_p must be in (0, 1], got {sampling.top_p}")
+
+    async def _run(self) -> None:
+        """Scheduler: while there is work and no pause, run one step at a time in a worker thread."""
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._closed and not self._paused and (self._waiting or self._running):
+                async with self._lock:
+                    if self._paused:
+                        break
+                    room = self.max_batch_size - len(self._running)
+                    admit, self._waiting = self._waiting[:room], self._waiting[room:]
+                    try:
+                        finished = await asyncio.to_thread(self._step, admit)
+                    except Exception as exc:  # a failed step (e.g. out of memory) fails its requests, not the engine
+                        finished = self._fail(admit, exc)
+                for request in finished:
+                    self._resolve(request)
+                await asyncio.sleep(0)  # let new requests, aborts and pauses in between steps
+
+    def _step(self, admit: list[_Request]) -> list[_Request]:
+        """One prefill of `admit` if any, else one decode step of every running row; returns finished requests."""
+        with torch.inference_mode():
+            if admit:
+                for request in admit:
+                    if request.generator is None and request.sampling.seed is not None:
+                        request.generator = torch.Generator(device=self.model.device).manual_seed(request.sampling.seed)
+                batch, logits = DecodeBatch.prefill(self.model, [r.context() for r in admit], self.pad_id)
+                if self._batch is None:
+                    self._batch = batch
+                else:
+                    self._batch.merge(batch)
+                self._running.extend(admit)
+                rows = admit
+                self.stats.prefill_steps += 1
+            else:
+                rows = self._running
+                logits = self._batch.decode(self.model, [r.output_ids[-1] for r in rows])
+                self.stats.decode_steps += 1
+                self.stats.decode_rows += len(rows)
+            self.stats.max_rows = max(self.stats.max_rows, len(self._running))
+            tokens, logprobs = sample_next(logits, [r.sampling for r in rows], [r.generator for r in rows])
+        for request, token, logprob in zip(rows, tokens, logprobs):
+            request.output_ids.append(token)
+            request.logprobs.append(logprob)
+            request.versions.append(self.version)
+            request.finish = self._finish_reason(request)
+        self.stats.tokens += len(rows)
+        return self._drop_rows(lambda r: r.finish is not None)
+
+    def _fail(self, admitted: list[_Request], exc: Exception) -> list[_Request]:
+        """Fail every request of a step that raised, and drop the batch."""
+        failed = list(dict.fromkeys(self._running + admitted))
+        self._running, self._batch = [], None
+        error = EngineError(f"generation step failed: {type(exc).__name__}: {exc}")
+        for request in failed:
+            if not request.future.done():
+                request.future.set_exception(error)
+        return []
+
+    def _finish_reason(self, request: _Request) -> FinishReason | None:
+        token, sampling = request.output_ids[-1], request.sampling
+        if token in sampling.stop_token_ids or token in self.eos_token_ids:
+            return "stop"
+        if sampling.stop and self.tokenizer is not None:
+            longest = max(len(s) for s in sampling.stop)
+            tail = self.tokenizer.decode(request.output_ids[-(longest + 2):])
+            if any(s in tail for s in sampling.stop):
+                return "stop"
+        if len(request.output_ids) >= sampling.max_new_tokens or len(request.context()) >= self.max_positions:
+            return "length"
+        return None
+
+    def _drop_rows(self, predicate: Any) -> list[_Request]:
+        """Remove running requests matching `predicate` from the batch; returns them."""
+        dropped = [r for r in self._running if predicate(r)]
+        if dropped:
+            keep = [i for i, r in enumerate(self._running) if not predicate(r)]
+            self._running = [self._running[i] for i in keep]
+            if keep:
+                self._batch.keep(keep)
+            else:
+                self._batch = None
+        return dropped
+
+    def _resolve(self, request: _Request) -> None:
+        if not request.future.done():
+            request.future.set_result(self._result(request))
+
+    def _result(self, request: _Request) -> GenerateResult:
+        meta = {"rid": request.rid, "prompt_tokens": len(request.prompt_ids), "completion_tokens": len(request.output_ids)}
+        if request.retracts:
+            meta["retracts"] = request.retracts
+        return GenerateResult(
+            output_ids=list(request.output_ids),
+            logprobs=list(request.logprobs),
+            finish_reason=request.finish or "abort",
+            weight_version=request.versions[-1] if request.versions else self.version,
+            meta=meta,
+            token_versions=list(request.versions),
+        )
+
+    def _interrupt(self, reason: Literal["user", "system"], rid: str | None = None) -> int:
+        """Stop running and waiting requests (all, or the one with `rid`); call with the lock held.
+
+        "system" interruptions (pause, weight update) send resubmittable requests back to the queue.
+        """
+        def hit(r: _Request) -> bool:
+            return rid is None or r.rid == rid
+
+        stopped = self._drop_rows(hit) + [r for r in self._waiting if hit(r)]
+        self._waiting = [r for r in self._waiting if not hit(r)]
+        requeue = []
+        for request in stopped:
+            if reason == "system" and request.resubmit:
+                request.retracts += 1
+                requeue.append(request)
+            else:
+                request.finish = "abort"
+                self._resolve(request)
+        self._waiting = requeue + self._waiting
+        return len(stopped)
+
+    async def abort(self, rid: str | None = None) -> int:
+        """Abort one request (by rid) or all; they return finish_reason "abort" with their tokens so far."""
+        async with self._lock:
+            return self._interrupt("user", rid)
+
+    async def pause(self, mode: PauseMode = "in_place") -> None:
+        """Stop stepping. in_place keeps the batch; retract requeues it; abort ends it (resubmittable ones requeue)."""
+        self._paused = True
+        async with self._lock:
+            if mode == "retract":
+                retracted = self._drop_rows(lambda r: True)
+                for request in retracted:
+                    request.retracts += 1
+                self._waiting = retracted + self._waiting
+            elif mode == "abort":
+                self._interrupt("system")
+            elif mode != "in_place":
+                raise EngineError(f"unknown pause mode {mode!r}", hint="use abort, retract or in_place")
+
+    async def resume(self) -> None:
+        """Admit and step requests again."""
+        self._paused = False
+        self._wake.set()
+
+    async def update_weights(self, path_or_state: Any, version: int | None = None, *, abort_all_requests: bool = False) -> None:
+        """Copy new weights into the model between two steps; the version becomes `version` or the old one + 1.
+
+        Running requests keep their KV cache and continue under the new weights (each token records the version
+        that sampled it); with `abort_all_requests` they are interrupted instead (resubmitted or returned as abort).
+        """
+        async with self._lock:
+            if abort_all_requests:
+                self._interrupt("system")
+            await asyncio.to_thread(load_state, self.model, path_or_state)
+            self.version = self.version + 1 if version is None else int(version)
+        self._wake.set()
+
+    async def flush_cache(self) -> bool:
+        """Nothing is cached between requests; True when idle (SGLang refuses to flush while requests run)."""
+        return not (self._running or self._waiting)
+
+    async def health(self) -> bool:
+        """True while the engine is open and its scheduler has not crashed."""
+        task = self._loop_task
+        if self._closed or (task is not None and task.done() and not task.cancelled() and task.exception() is not None):
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Abort everything and stop the scheduler."""
+        if self._closed:
+            return
+        async with self._lock:
+            self._interrupt("user")
+            self._closed = True
+        self._wake.set()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except (asyncio.CancelledError, Exception):
+                pass
