@@ -39,3 +39,11 @@ def register_builtin_envs() -> None:
         description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",
         source="envhub",
     )
+    register(
+        "Letters-v0",
+        "envhub.trainer.letters_env:LettersEnv",
+        max_episode_steps=8,
+        tags=("toy", "single-agent"),
+        description="Reply using only the given letters; dense reward. A warm-up task for trainer tests and CI.",
+        source="envhub",
+    )

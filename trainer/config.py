@@ -76,6 +76,7 @@ class AlgorithmConfig:
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
     tis_cap: float = 2.0  #: truncation of importance weights for corrected stale samples
     filter_zero_variance: bool = True  #: skip groups whose rewards are all equal
+    max_filtered_in_a_row: int = 64  #: stop (converged) after this many zero-variance groups in a row
     micro_batch_size: int = 8  #: sequences per forward/backward pass
 
 

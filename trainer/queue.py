@@ -53,6 +53,7 @@ class TrajectoryQueue:
         self.filter_zero_variance = filter_zero_variance
         self.version = 0
         self.counters = QueueCounters()
+        self.filtered_in_a_row = 0  # zero-variance groups since the last accepted one
         self._ready: deque[Group] = deque()
         self._discarded = 0
         self._changed = asyncio.Condition()
@@ -79,9 +80,11 @@ class TrajectoryQueue:
                 await self._discard()
             elif self.filter_zero_variance and len({t.reward for t in group}) == 1:
                 self.counters.filtered_zero_variance += 1
+                self.filtered_in_a_row += 1
                 await self._discard()
             else:
                 self.counters.accepted += 1
+                self.filtered_in_a_row = 0
                 self._ready.append(group)
                 self._changed.notify_all()
 
