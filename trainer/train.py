@@ -122,7 +122,9 @@ class Trainer:
         """Send the learner's weights to the engine: in-process state for LocalEngine, a saved dir for a server."""
         assert self.engine is not None
         if self.config.engine.kind == "local":
-            await self.engine.update_weights(model.state_dict(), version=version)
+            # named_parameters lists tied weights once (state_dict would repeat lm_head under its own name)
+            state = {name: p.detach() for name, p in model.named_parameters()}
+            await self.engine.update_weights(state, version=version)
         else:
             path = self.out_dir / "weights" / f"v{version:06d}"
             await asyncio.to_thread(model.save_pretrained, path, safe_serialization=True)
