@@ -91,6 +91,7 @@ class LocalEngine(InferenceEngine):
         self._lock = asyncio.Lock()  # held for each step and for every change to the running batch
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_pretrained(cls, model: str = "smollm2", device: str | None = None, **kwargs: Any) -> "LocalEngine":
@@ -122,6 +123,7 @@ class LocalEngine(InferenceEngine):
         if sampling.max_new_tokens <= 0:
             request.finish = "length"
             return self._result(request)
+        self._bind_loop()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="local-engine-scheduler")
         self._waiting.append(request)
@@ -131,6 +133,16 @@ class LocalEngine(InferenceEngine):
         except asyncio.CancelledError:
             await self.abort(request.rid)
             raise
+
+    def _bind_loop(self) -> None:
+        """Serve from the running event loop; an idle engine may move to a new loop (e.g. a second asyncio.run)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed() and (self._running or self._waiting):
+            raise EngineError("the engine is busy in another event loop", hint="use one event loop per engine")
+        self._loop, self._loop_task = loop, None
+        self._lock, self._wake = asyncio.Lock(), asyncio.Event()
 
     def _validate(self, input_ids: list[int], sampling: SamplingParams) -> None:
         if not input_ids:

@@ -14,8 +14,9 @@ def tokenizer():
     return load_tokenizer("tiny")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def tiny_model(tokenizer):
+    """A fresh model per test: weight-update tests write into it."""
     from envhub.trainer.models import tiny_llama
 
     return tiny_llama(tokenizer, seed=0)

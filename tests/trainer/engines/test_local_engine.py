@@ -26,7 +26,8 @@ async def test_greedy_matches_model_generate_token_for_token(engine, tiny_model,
     for prompt, result in zip(batch, results):
         assert result.output_ids == greedy_reference(tiny_model, prompt, GREEDY.max_new_tokens)
         assert result.finish_reason in ("length", "stop")
-    assert engine.stats.max_rows == len(batch)  # they were decoded as one batch
+    assert engine.stats.max_rows == len(batch)  # they were decoded as one batch:
+    assert engine.stats.prefill_steps == 1 and engine.stats.decode_steps <= GREEDY.max_new_tokens - 1
 
 
 async def test_requests_joining_mid_generation_still_match(engine, tiny_model, tokenizer, greedy_reference):
@@ -154,3 +155,11 @@ async def test_closed_engine_is_unhealthy(tiny_model, tokenizer):
     assert not await eng.health()
     with pytest.raises(EngineError, match="closed"):
         await eng.generate([1], GREEDY)
+
+
+def test_an_idle_engine_moves_between_event_loops(tiny_model, tokenizer):
+    engine = LocalEngine(tiny_model, tokenizer)
+    first = asyncio.run(engine.generate([1, 2, 3], GREEDY))
+    second = asyncio.run(engine.generate([1, 2, 3], GREEDY))
+    assert first.output_ids == second.output_ids
+    asyncio.run(engine.close())
