@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 import random
+import shutil
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class Trainer:
             path = self.out_dir / "weights" / f"v{version:06d}"
             await asyncio.to_thread(model.save_pretrained, path, safe_serialization=True)
             await self.engine.update_weights(str(path), version=version)
+            for old in path.parent.glob("v*"):  # the server has loaded this one; older copies are dead weight
+                if old != path:
+                    await asyncio.to_thread(shutil.rmtree, old, True)
 
     async def run(self, resume: bool = False) -> TrainResult:
         """Train until the step or time budget is spent, or `request_stop` is called."""
