@@ -36,7 +36,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m envhub.demo
+	$(BIN)/envhub train configs/demo.yaml  # scripted env episodes: $(BIN)/python -m envhub.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

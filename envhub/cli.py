@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "envhub.sandboxes.cli",
     "envhub.envs.swe.cli",
     "envhub.trainer.cli_engine",
+    "envhub.trainer.cli",
 )
 
 

@@ -40,6 +40,14 @@ def register_builtin_envs() -> None:
         source="envhub",
     )
     register(
+        "Letters-v0",
+        "envhub.trainer.letters_env:LettersEnv",
+        max_episode_steps=8,
+        tags=("toy", "single-agent"),
+        description="Reply using only the given letters; dense reward. A warm-up task for trainer tests and CI.",
+        source="envhub",
+    )
+    register(
         "WebShop-v0",
         "envhub.envs.web.env:WebShopEnv",
         max_episode_steps=20,

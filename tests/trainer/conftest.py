@@ -1,0 +1,57 @@
+"""Shared fixtures: the SmolLM2 tokenizer, tiny random Llama policies over it, and small real envs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import envhub
+from envhub import AgentEnv
+
+
+class GuessNumber(AgentEnv):
+    """Guess a secret digit (from the seed) in a few turns; the env answers higher/lower."""
+
+    system_prompt = "Guess the secret digit. Answer with one digit."
+
+    def __init__(self, turns: int = 3):
+        self.turns = turns
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        self.secret = int(self.np_random.integers(10))
+        self.tries = 0
+        return "I am thinking of a digit from 0 to 9.", {**info, "secret": self.secret}
+
+    def step(self, action):
+        self.tries += 1
+        digits = re.findall(r"\d", action)
+        if not digits:
+            return "No digit found, try again.", 0.0, False, self.tries >= self.turns, {}
+        guess = int(digits[0])
+        if guess == self.secret:
+            return "Correct!", 1.0, True, False, {}
+        hint = "higher" if guess < self.secret else "lower"
+        return f"{guess} is wrong, go {hint}.", 0.0, False, self.tries >= self.turns, {}
+
+
+envhub.register("GuessNumberTest-v0", GuessNumber, tags=("test",))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    models = pytest.importorskip("envhub.trainer.models")
+    return models.load_tokenizer("tiny")
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    from envhub.trainer.models import tiny_llama
+
+    return tiny_llama(tokenizer, seed=0)
+
+
+@pytest.fixture
+def engine_cls():
+    return pytest.importorskip("envhub.trainer.local_engine").LocalEngine

@@ -1,0 +1,69 @@
+"""`envhub train CONFIG [--resume] [--out DIR]` and `envhub bench async --out F.json`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from envhub.trainer.config import load_config
+    from envhub.trainer.train import Trainer
+
+    config = load_config(args.config)
+    if args.steps is not None:
+        config.budget.steps = args.steps
+    bar = tqdm(total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def on_step(row: dict[str, Any]) -> None:
+        reward = row["reward"].get("all")
+        bar.set_postfix(reward="-" if reward is None else f"{reward:.3f}", loss=f"{row['learner']['loss']:.4f}",
+                        stale=f"{row['staleness']:.1f}")
+        bar.update(1)
+
+    trainer = Trainer(config, out_dir=args.out, on_step=on_step)
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, trainer.request_stop)
+        return await trainer.run(resume=args.resume)
+
+    result = asyncio.run(main())
+    bar.n = result.last_step
+    bar.close()
+    print(f"stopped: {result.stop_reason}; steps {result.first_step}->{result.last_step} in {result.wall_s:.1f}s; checkpoint {result.checkpoint}; "
+          f"metrics {result.out_dir / 'metrics.jsonl'}; curve {result.out_dir / 'reward_curve.png'}")
+    if result.interrupted:
+        print("interrupted: resume with --resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _cmd_bench_async(args: argparse.Namespace) -> int:
+    from envhub.trainer.bench import main as bench_main
+
+    return bench_main(out=args.out, steps=args.steps)
+
+
+def add_commands(sub: Any) -> None:
+    """Register `train` and `bench async` on the envhub CLI."""
+    p = sub.add_parser("train", help="train a policy with async GRPO from a YAML config")
+    p.add_argument("config", help="YAML config, e.g. configs/ci-tiny.yaml")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
+    p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
+    p.add_argument("--steps", type=int, default=None, help="override budget.steps")
+    p.set_defaults(handler=_cmd_train)
+    if "bench" in sub.choices:  # another subsystem owns `bench`; ours stays reachable as `bench-async`
+        p = sub.add_parser("bench-async", help="async vs sync GRPO training throughput")
+    else:
+        bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", metavar="BENCH")
+        p = bench.add_parser("async", help="async vs sync GRPO training throughput")
+    p.add_argument("--out", default="async_vs_sync.json", help="where to write the JSON result")
+    p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
+    p.set_defaults(handler=_cmd_bench_async)

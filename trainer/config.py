@@ -1,0 +1,191 @@
+"""Training configuration: dataclasses with defaults, loaded from YAML with clear errors for bad keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from envhub.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to train."""
+
+    name: str = "tiny"  #: "tiny" (random tiny Llama), "smollm2" (bundled SmolLM2-135M-Instruct) or a HF directory
+    device: str = "auto"  #: "auto" (cuda if present, else cpu), "cpu" or "cuda"
+    dtype: str = "auto"  #: "auto" (bf16 on cuda, fp32 on cpu), "float32" or "bfloat16"
+    tiny_layers: int = 2  #: layers of the "tiny" model
+    tiny_hidden: int = 64  #: hidden size of the "tiny" model
+
+
+@dataclass
+class EngineConfig:
+    """Where rollouts are generated."""
+
+    kind: Literal["local", "sglang"] = "local"  #: embedded LocalEngine or an SGLang server
+    url: str = ""  #: SGLang server URL (kind sglang)
+    max_batch_size: int = 16  #: requests the local engine batches together
+
+
+@dataclass
+class TaskConfig:
+    """One env in the multi-task mixture."""
+
+    env: str = ""  #: registered env id, e.g. Math-v0
+    weight: float = 1.0  #: sampling weight in the mixture
+    kwargs: dict[str, Any] = field(default_factory=dict)  #: passed to envhub.make
+    remote: str = ""  #: URL of an `envhub serve` host; empty for a local env
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played."""
+
+    group_size: int = 4  #: episodes per task seed (one GRPO group)
+    redundancy: int = 0  #: extra episodes started per group; the first group_size to finish are kept
+    max_turns: int = 4  #: model turns per episode
+    max_new_tokens: int = 64  #: tokens per model turn
+    max_total_tokens: int = 1024  #: tokens in the whole episode (prompt included)
+    episode_timeout_s: float = 120.0  #: wall time before the watchdog cancels an episode
+    temperature: float = 1.0  #: sampling temperature (the learner uses the same)
+    top_p: float = 1.0  #: nucleus sampling
+    concurrent_groups: int = 4  #: groups in flight at once
+
+
+@dataclass
+class AlgorithmConfig:
+    """GRPO and optimiser settings."""
+
+    mode: Literal["async", "sync"] = "async"  #: async overlaps rollout and learning; sync does not
+    groups_per_step: int = 2  #: groups in one learner step
+    lr: float = 1e-5  #: AdamW learning rate
+    weight_decay: float = 0.0  #: AdamW weight decay
+    grad_clip: float = 1.0  #: max gradient norm
+    clip_low: float = 0.2  #: PPO ratio clip below 1
+    clip_high: float = 0.28  #: PPO ratio clip above 1 (clip-higher)
+    scale_std: bool = True  #: divide advantages by the group std
+    kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
+    max_staleness: int = 1  #: policy versions a group may lag behind the learner (async mode)
+    stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
+    tis_cap: float = 2.0  #: truncation of importance weights for corrected stale samples
+    filter_zero_variance: bool = True  #: skip groups whose rewards are all equal
+    max_filtered_in_a_row: int = 64  #: stop (converged) after this many zero-variance groups in a row
+    micro_batch_size: int = 8  #: sequences per forward/backward pass
+
+
+@dataclass
+class BudgetConfig:
+    """When training stops and how often it saves."""
+
+    steps: int = 10  #: learner steps
+    max_time_s: float = 0.0  #: wall-time limit (0 = none)
+    checkpoint_every: int = 5  #: steps between checkpoints (the last step always saves)
+
+
+@dataclass
+class TrainConfig:
+    """A whole training run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    tasks: list[TaskConfig] = field(default_factory=list)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    seed: int = 0  #: seeds task sampling, env seeds and the model init
+    out_dir: str = "runs/train"  #: checkpoints, metrics.jsonl, TensorBoard logs and reward PNG
+
+    def validate(self) -> "TrainConfig":
+        """Raise ConfigError for values that cannot work together."""
+        if not self.tasks:
+            raise ConfigError("config has no tasks", hint="add `tasks: [{env: Math-v0}]`")
+        for i, task in enumerate(self.tasks):
+            if not task.env:
+                raise ConfigError(f"tasks[{i}] has no env id", hint="set `env: Name-v0`")
+            if task.weight <= 0:
+                raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
+        if self.rollout.group_size < 2:
+            raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
+        if self.algorithm.mode == "async" and self.algorithm.max_staleness < 0:
+            raise ConfigError("algorithm.max_staleness must be >= 0")
+        return self
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
+        return dict(value)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not float(value).is_integer()):
+            raise ConfigError(f"{where} must be {'an integer' if hint is int else 'a number'}, got {value!r}")
+        return hint(value)
+    if hint is str:
+        if not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {path!r}", hint=hint)
+        kwargs[key] = _convert(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Build and validate a TrainConfig from plain data (as parsed from YAML)."""
+    return _build(TrainConfig, data, "").validate()
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    """Read a YAML file into a validated TrainConfig."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found", hint="pass the path of a YAML file, e.g. configs/ci-tiny.yaml") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return config_from_dict(data or {})
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    """Plain-data form of a config (saved next to checkpoints)."""
+    return dataclasses.asdict(config)

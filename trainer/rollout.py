@@ -1,0 +1,205 @@
+"""Rollouts: one asyncio task per episode, turning env text into token ids with loss masks.
+
+The conversation is kept as a list of token ids that only ever grows. Each turn appends:
+- the model's sampled ids exactly as the engine returned them (loss mask 1, behaviour logprobs, version);
+- template text the model did not write (the end of its turn after a length cut, the newline after
+  its end-of-turn token, the next observation message and the generation prompt), mask 0.
+
+Template deltas are computed as text: render the conversation with and without the new messages and
+tokenize only the suffix. When a template re-renders earlier turns (the longer render does not start
+with the shorter one, as templates that strip old reasoning do), the delta is rendered after a fixed
+anchor instead: template([system, *new]) minus template([system]). Earlier ids are never re-tokenized,
+so they cannot change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from envhub.trainer.config import RolloutConfig
+from envhub.trainer.engine import InferenceEngine, SamplingParams
+from envhub.trainer.trajectory import Trajectory
+
+EnvFactory = Callable[[], Any]
+
+
+class ChatTokens:
+    """Incremental chat-template tokenization of one conversation."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.messages: list[dict[str, str]] = []
+        self.template_fallbacks = 0
+
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+        """The template's text for `messages`."""
+        if not messages:
+            return ""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of template text (special tokens in it are recognised, none added)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def delta(self, new: list[dict[str, str]], generation_prompt: bool) -> str:
+        """Template text that `new` messages add after the conversation so far."""
+        before = self.render(self.messages, generation_prompt=False)
+        after = self.render(self.messages + new, generation_prompt=generation_prompt)
+        if after.startswith(before):
+            return after[len(before):]
+        self.template_fallbacks += 1
+        anchor = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
+        base = self.render(anchor, generation_prompt=False)
+        return self.render(anchor + new, generation_prompt=generation_prompt)[len(base):]
+
+    def add_messages(self, new: list[dict[str, str]]) -> list[int]:
+        """Append env/user messages plus the assistant generation prompt; returns their ids."""
+        ids = self.encode(self.delta(new, generation_prompt=True))
+        self.messages.extend(new)
+        return ids
+
+    def add_assistant(self, output_ids: list[int], stop_ids: set[int]) -> tuple[str, list[int]]:
+        """Record the model's turn; returns its text and the ids of the turn's closing the model did not write."""
+        body = output_ids[:-1] if output_ids and output_ids[-1] in stop_ids else output_ids
+        content = self.tokenizer.decode(body, skip_special_tokens=True)
+        written = self.tokenizer.decode(output_ids, skip_special_tokens=False)
+        message = {"role": "assistant", "content": content}
+        rendered = self.render(self.messages + [message])[len(self.render(self.messages, generation_prompt=True)):]
+        self.messages.append(message)
+        if rendered.startswith(written):
+            return content, self.encode(rendered[len(written):])
+        # the model's text is not how the template spells it (e.g. stray special tokens): close the
+        # turn with the template's own ending after the content.
+        tail = rendered[len(content):] if rendered.startswith(content) else rendered
+        if output_ids and output_ids[-1] in stop_ids:
+            eos_text = self.tokenizer.decode(output_ids[-1:], skip_special_tokens=False)
+            tail = tail[len(eos_text):] if tail.startswith(eos_text) else tail
+        return content, self.encode(tail)
+
+
+@dataclass
+class _Episode:
+    """Mutable state of an episode in progress (so a timeout still yields what was played)."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def extend(self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
+        self.ids += ids
+        self.mask += [1 if logprobs is not None else 0] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.versions += versions if versions is not None else [-1] * len(ids)
+
+
+class RolloutWorker:
+    """Plays episodes of any registered (local or remote) env against an InferenceEngine."""
+
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, config: RolloutConfig | None = None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or RolloutConfig()
+        self.stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0}
+        self.episodes_cancelled = 0
+        self.episodes_timed_out = 0
+
+    async def run_episode(self, make_env: EnvFactory, task: str, seed: int, group_id: str = "") -> Trajectory:
+        """Play one episode to its end or a limit; the env is always closed."""
+        state = _Episode()
+        started = time.monotonic()
+        env = make_env()
+        finish = "error"
+        try:
+            finish = await asyncio.wait_for(self._play(env, seed, state), timeout=self.config.episode_timeout_s)
+        except asyncio.TimeoutError:
+            self.episodes_timed_out += 1
+            finish = "timeout"
+        except asyncio.CancelledError:
+            self.episodes_cancelled += 1
+            raise
+        finally:
+            await _close(env)
+        return Trajectory(
+            input_ids=state.ids, loss_mask=state.mask, behavior_logprobs=state.logprobs, versions=state.versions,
+            reward=state.reward, task=task, group_id=group_id, seed=seed, turns=state.turns,
+            finish_reason=finish, env_info=state.info, duration_s=time.monotonic() - started,
+        )
+
+    async def _play(self, env: Any, seed: int, state: _Episode) -> str:
+        cfg = self.config
+        obs, info = await env.areset(seed=seed)
+        state.info = {k: v for k, v in info.items() if k not in ("tools", "system_prompt") and _is_plain(v)}
+        chat = ChatTokens(self.tokenizer, tools=info.get("tools"))
+        first = ([{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else [])
+        state.extend(chat.add_messages(first + [{"role": "user", "content": obs}]))
+        while True:
+            budget = cfg.max_total_tokens - len(state.ids)
+            if budget <= 0:
+                return "max_tokens"
+            sampling = SamplingParams(
+                max_new_tokens=min(cfg.max_new_tokens, budget), temperature=cfg.temperature,
+                top_p=cfg.top_p, stop_token_ids=tuple(sorted(self.stop_ids)),
+            )
+            result = await self.engine.generate(list(state.ids), sampling)
+            versions = getattr(result, "token_versions", None) or [result.weight_version] * len(result.output_ids)
+            state.extend(list(result.output_ids), list(result.logprobs), list(versions))
+            state.turns += 1
+            action, closing = chat.add_assistant(list(result.output_ids), self.stop_ids)
+            state.extend(closing)
+            obs, reward, terminated, truncated, step_info = await env.astep(action)
+            state.reward += float(reward)
+            if terminated:
+                return "terminated"
+            if truncated:
+                return "truncated"
+            if state.turns >= cfg.max_turns:
+                return "max_turns"
+            if len(state.ids) >= cfg.max_total_tokens:
+                return "max_tokens"
+            state.extend(chat.add_messages([{"role": "user", "content": obs}]))
+
+    async def run_group(self, make_env: EnvFactory, task: str, seed: int, group_id: str) -> list[Trajectory] | None:
+        """Start group_size + redundancy episodes on one seed; keep the first group_size to finish.
+
+        The rest are cancelled (their envs closed). Returns None when too many episodes fail.
+        """
+        want = self.config.group_size
+        tasks = [asyncio.create_task(self.run_episode(make_env, task, seed, group_id)) for _ in range(want + self.config.redundancy)]
+        kept: list[Trajectory] = []
+        pending = set(tasks)
+        try:
+            while pending and len(kept) < want:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    if t.exception() is None and t.result().finish_reason != "error":
+                        kept.append(t.result())
+        finally:
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        return kept[:want] if len(kept) >= want else None
+
+
+async def _close(env: Any) -> None:
+    try:
+        if hasattr(env, "aclose"):
+            await env.aclose()
+        else:
+            env.close()
+    except Exception:  # closing must never mask the episode's own outcome
+        pass
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None

@@ -1,0 +1,263 @@
+"""The training loop: rollouts feed the queue while the learner steps; weights go to the engine after each step.
+
+Async mode overlaps rollout and learning within `max_staleness` policy versions (enforced by the
+queue's admission control). Sync mode is the same code with max_staleness = 0: the groups of step v+1
+cannot start before the learner has published version v+1, so nothing overlaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import shutil
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import envhub
+from envhub.errors import ConfigError
+from envhub.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from envhub.trainer.config import ModelConfig, TaskConfig, TrainConfig, config_to_dict
+from envhub.trainer.engine import InferenceEngine
+from envhub.trainer.learner import Learner, pick_device_dtype
+from envhub.trainer.metrics import MetricsLogger
+from envhub.trainer.queue import TrajectoryQueue
+from envhub.trainer.rollout import EnvFactory, RolloutWorker
+from envhub.trainer.trajectory import Trajectory
+
+
+class TaskSampler:
+    """Draws (task, env seed) pairs from the weighted mixture, reproducibly from its own RNG."""
+
+    def __init__(self, tasks: list[TaskConfig], seed: int) -> None:
+        self.tasks = tasks
+        self.rng = random.Random(seed)
+
+    def sample(self) -> tuple[TaskConfig, int]:
+        """The next task and the seed of its episode group."""
+        task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
+        return task, self.rng.randrange(2**31)
+
+    def state(self) -> list[Any]:
+        """JSON-serialisable RNG state."""
+        version, internal, gauss = self.rng.getstate()
+        return [version, list(internal), gauss]
+
+    def load_state(self, state: list[Any]) -> None:
+        """Restore the RNG state from `state()`."""
+        self.rng.setstate((state[0], tuple(state[1]), state[2]))
+
+
+def env_factory(task: TaskConfig) -> EnvFactory:
+    """A zero-argument builder of the task's env, local or remote (rollout code cannot tell them apart)."""
+    if task.remote:
+        remote_env = getattr(envhub, "RemoteEnv", None)
+        if remote_env is None:
+            raise ConfigError(f"task {task.env} asks for a remote env but envhub.RemoteEnv is not available")
+        return lambda: remote_env(task.remote, task.env, **task.kwargs)
+    envhub.spec(task.env)  # fail early, with suggestions, on an unknown id
+    return lambda: envhub.make(task.env, **task.kwargs)
+
+
+def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
+    """(model, tokenizer) on the configured device: "tiny", "smollm2" or a local HF directory."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub.trainer.models import load_tokenizer, resolve_model_path, tiny_llama
+
+    device, dtype = pick_device_dtype(config.device, config.dtype)
+    tokenizer = load_tokenizer(config.name)
+    if config.name == "tiny":
+        model = tiny_llama(tokenizer, seed=seed, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=dtype)
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+@dataclass
+class TrainResult:
+    """How a run ended."""
+
+    out_dir: Path
+    first_step: int
+    last_step: int
+    interrupted: bool
+    wall_s: float
+    checkpoint: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    stop_reason: str = ""
+
+
+class Trainer:
+    """Runs a TrainConfig: engine, rollout worker, queue, learner, metrics and checkpoints."""
+
+    def __init__(self, config: TrainConfig, out_dir: str | Path | None = None, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config
+        self.out_dir = Path(out_dir or config.out_dir)
+        self.on_step = on_step
+        self._stop = asyncio.Event()
+        self.engine: InferenceEngine | None = None
+        self.stop_reason = "step budget spent"
+
+    def request_stop(self) -> None:
+        """Finish the step in progress, save a checkpoint and return (what Ctrl-C does)."""
+        self._stop.set()
+
+    def _make_engine(self, model: Any, tokenizer: Any) -> InferenceEngine:
+        cfg = self.config.engine
+        if cfg.kind == "local":
+            from envhub.trainer.local_engine import LocalEngine
+
+            return LocalEngine(copy.deepcopy(model).eval(), tokenizer, max_batch_size=cfg.max_batch_size)
+        try:
+            from envhub.trainer.sglang_engine import SGLangEngine  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ConfigError("engine.kind sglang needs envhub.trainer.sglang_engine", hint="use engine.kind: local") from exc
+        return SGLangEngine(cfg.url)
+
+    async def _push_weights(self, model: Any, version: int) -> None:
+        """Send the learner's weights to the engine: in-process state for LocalEngine, a saved dir for a server."""
+        assert self.engine is not None
+        if self.config.engine.kind == "local":
+            # named_parameters lists tied weights once (state_dict would repeat lm_head under its own name)
+            state = {name: p.detach() for name, p in model.named_parameters()}
+            await self.engine.update_weights(state, version=version)
+        else:
+            path = self.out_dir / "weights" / f"v{version:06d}"
+            await asyncio.to_thread(model.save_pretrained, path, safe_serialization=True)
+            await self.engine.update_weights(str(path), version=version)
+            for old in path.parent.glob("v*"):  # the server has loaded this one; older copies are dead weight
+                if old != path:
+                    await asyncio.to_thread(shutil.rmtree, old, True)
+
+    async def run(self, resume: bool = False) -> TrainResult:
+        """Train until the step or time budget is spent, or `request_stop` is called."""
+        cfg, algo = self.config, self.config.algorithm
+        started = time.monotonic()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+        factories = {t.env: env_factory(t) for t in cfg.tasks}
+        model, tokenizer = build_policy(cfg.model, cfg.seed)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        learner = Learner(model, algo, cfg.rollout.temperature, pad_id)
+        staleness = algo.max_staleness if algo.mode == "async" else 0
+        queue = TrajectoryQueue(algo.groups_per_step, staleness, algo.stale, algo.filter_zero_variance)
+        sampler = TaskSampler(cfg.tasks, cfg.seed)
+        step = 0
+        if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
+            load_checkpoint(ckpt, model, learner.optimizer)
+            step = ckpt.step
+            queue.load_state(ckpt.state["queue"])
+            sampler.load_state(ckpt.state["sampler"])
+        first_step = step
+        self.engine = self._make_engine(model, tokenizer)
+        if step:
+            await self._push_weights(model, queue.version)
+        worker = RolloutWorker(self.engine, tokenizer, cfg.rollout)
+        metrics = MetricsLogger(self.out_dir)
+        # rewards of recently finished episodes per task, filtered groups included (they count for the curve)
+        window = 2 * algo.groups_per_step * cfg.rollout.group_size
+        finished: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=window))
+        all_finished: deque[float] = deque(maxlen=window)
+        groups_in_flight: set[asyncio.Task] = set()
+        counter = 0
+
+        async def run_group(task: TaskConfig, seed: int, group_id: str) -> None:
+            group = await worker.run_group(factories[task.env], task.env, seed, group_id)
+            for traj in group or []:
+                finished[traj.task].append(traj.reward)
+                all_finished.append(traj.reward)
+            await queue.put(group)
+
+        async def produce() -> None:
+            nonlocal counter
+            limit = asyncio.Semaphore(max(cfg.rollout.concurrent_groups, algo.groups_per_step))
+            while True:
+                await limit.acquire()
+                await queue.admit()
+                task, seed = sampler.sample()
+                counter += 1
+                t = asyncio.create_task(run_group(task, seed, f"{step}-{counter}"))
+                groups_in_flight.add(t)
+                t.add_done_callback(lambda done: (groups_in_flight.discard(done), limit.release()))
+
+        producer = asyncio.create_task(produce())
+        history: list[dict[str, Any]] = []
+        saved: Path | None = None
+        interrupted = False
+        try:
+            while step < cfg.budget.steps:
+                if cfg.budget.max_time_s and time.monotonic() - started > cfg.budget.max_time_s:
+                    self.stop_reason = "time budget spent"
+                    break
+                batch_task = asyncio.ensure_future(queue.get_batch())
+                stop_task = asyncio.ensure_future(self._stop.wait())
+                while not batch_task.done() and not stop_task.done() and not producer.done():
+                    await asyncio.wait({batch_task, stop_task, producer}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    if queue.filtered_in_a_row >= algo.max_filtered_in_a_row:
+                        self.stop_reason = f"converged: the last {queue.filtered_in_a_row} groups all had equal rewards"
+                        break
+                    if cfg.budget.max_time_s and time.monotonic() - started > cfg.budget.max_time_s:
+                        self.stop_reason = "time budget spent"
+                        break
+                stop_task.cancel()
+                if producer.done():
+                    producer.result()  # surface a crashed producer
+                if not batch_task.done():
+                    batch_task.cancel()
+                    interrupted = self._stop.is_set()
+                    break
+                groups, corrected = batch_task.result()
+                staleness = [queue.staleness(g) for g in groups]
+                step_started = time.monotonic()
+                stats = await asyncio.to_thread(learner.step, groups, corrected)
+                step += 1
+                await self._push_weights(model, step)
+                await queue.set_version(step)
+                row = self._row(step, groups, staleness, stats, finished, all_finished, queue, started, time.monotonic() - step_started)
+                metrics.log(step, row)
+                history.append(row)
+                if self.on_step is not None:
+                    self.on_step(row)
+                if step % cfg.budget.checkpoint_every == 0 or step == cfg.budget.steps:
+                    saved = self._save(step, model, tokenizer, learner, queue, sampler)
+                if self._stop.is_set():
+                    interrupted = True
+                    break
+            if interrupted:
+                self.stop_reason = "interrupted"
+        finally:
+            producer.cancel()
+            for t in list(groups_in_flight):
+                t.cancel()
+            await asyncio.gather(producer, *groups_in_flight, return_exceptions=True)
+            await self.engine.close()
+            if saved is None or not saved.name.endswith(f"{step:06d}"):
+                saved = self._save(step, model, tokenizer, learner, queue, sampler)
+            metrics.plot_rewards()
+            metrics.close()
+        return TrainResult(self.out_dir, first_step, step, interrupted, time.monotonic() - started, saved, history, self.stop_reason)
+
+    def _save(self, step: int, model: Any, tokenizer: Any, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> Path:
+        state = {"queue": queue.state(), "sampler": sampler.state(), "version": queue.version}
+        return save_checkpoint(self.out_dir, step, model, tokenizer, learner.optimizer, state)
+
+    def _row(self, step: int, groups: list[list[Trajectory]], staleness: list[int], stats: dict[str, float], finished: dict[str, deque[float]], all_finished: deque[float],
+             queue: TrajectoryQueue, started: float, step_s: float) -> dict[str, Any]:
+        trajs = [t for g in groups for t in g]
+        return {
+            "reward": {"all": sum(all_finished) / len(all_finished),
+                       **{task: sum(rs) / len(rs) for task, rs in finished.items() if rs}},
+            "batch_reward": sum(t.reward for t in trajs) / len(trajs),
+            "model_tokens": sum(t.num_model_tokens for t in trajs),
+            "turns": sum(t.turns for t in trajs) / len(trajs),
+            "staleness": sum(staleness) / len(staleness),
+            "queue": queue.counters.as_dict(),
+            "learner": stats,
+            "step_s": step_s,
+            "elapsed_s": time.monotonic() - started,
+        }

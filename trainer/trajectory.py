@@ -1,0 +1,50 @@
+"""`Trajectory`: one finished episode as the learner sees it (token ids, loss mask, logprobs, reward)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["terminated", "truncated", "max_turns", "max_tokens", "timeout", "error"]
+
+
+@dataclass
+class Trajectory:
+    """A whole episode as one token sequence.
+
+    `input_ids`, `loss_mask`, `behavior_logprobs` and `versions` have the same length. Prompt, env
+    and tool tokens have loss mask 0, behaviour logprob 0.0 and version -1; model tokens have loss
+    mask 1, the logprob the serving engine gave them and the policy version that sampled them.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    behavior_logprobs: list[float]
+    versions: list[int]
+    reward: float
+    task: str
+    group_id: str
+    seed: int
+    turns: int
+    finish_reason: FinishReason
+    env_info: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if not (len(self.loss_mask) == len(self.behavior_logprobs) == len(self.versions) == n):
+            raise ValueError(
+                f"trajectory fields differ in length: ids {n}, mask {len(self.loss_mask)}, "
+                f"logprobs {len(self.behavior_logprobs)}, versions {len(self.versions)}"
+            )
+
+    @property
+    def num_model_tokens(self) -> int:
+        """How many tokens the policy produced (loss-mask 1)."""
+        return sum(self.loss_mask)
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest policy version among the model's tokens (-1 when it produced none)."""
+        model_versions = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(model_versions) if model_versions else -1
