@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
-APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git
+APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
-.PHONY: install system-packages docker-engine test test-fast demo clean
+.PHONY: install system-packages docker-engine base-image test test-fast demo clean
 
 install: $(STAMP) docker-engine
 
@@ -26,8 +26,11 @@ $(STAMP): pyproject.toml | system-packages
 docker-engine: system-packages
 	@bash scripts/start-dockerd.sh
 
-test: install
-	ENVHUB_REQUIRE_DOCKER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
+base-image: install
+	$(BIN)/envhub sandbox build
+
+test: install base-image
+	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -7,6 +7,8 @@
 from envhub.core import AgentEnv, UnicodeText, run_sync
 from envhub.errors import ConfigError, EnvhubError, EnvNotFound, RegistrationError, ResetNeeded, SandboxError
 from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiagent, register, spec
+from envhub.remote import RemoteEnv, RemoteError
+from envhub.selfplay import SelfPlay
 from envhub.toolcalls import ParsedAction, ToolCall, parse_tool_calls
 from envhub.tools import Tool, ToolContext, tool
 
@@ -20,8 +22,11 @@ __all__ = [
     "EnvhubError",
     "ParsedAction",
     "RegistrationError",
+    "RemoteEnv",
+    "RemoteError",
     "ResetNeeded",
     "SandboxError",
+    "SelfPlay",
     "Tool",
     "ToolCall",
     "ToolContext",

@@ -14,7 +14,14 @@ from typing import Any, Callable, Sequence
 
 from envhub.errors import EnvhubError
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("envhub.play", "envhub.trainer.cli_engine", "envhub.trainer.cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "envhub.play",
+    "envhub.serve_cli",
+    "envhub.sandboxes.cli",
+    "envhub.envs.swe.cli",
+    "envhub.trainer.cli_engine",
+    "envhub.trainer.cli",
+)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -111,9 +111,6 @@ def register(
             entry_point=entry_point,
             kwargs=dict(spec.kwargs),
             max_episode_steps=max_episode_steps,
-            # The checker wrapper would complain about text spaces it cannot sample well; we run
-            # gymnasium's full check_env in tests instead.
-            disable_env_checker=True,
         )
     return spec
 

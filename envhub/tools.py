@@ -18,6 +18,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from envhub.errors import SandboxError
+
 _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
 
 
@@ -185,8 +187,9 @@ def _resolve(path: str, ctx: ToolContext) -> str:
 async def _read_text(path: str, ctx: ToolContext) -> str:
     try:
         data = await _sandbox(ctx).read_file(_resolve(path, ctx))
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise ToolError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (OSError, SandboxError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ToolError(f"cannot read {path}: {reason}") from exc
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -47,3 +47,41 @@ def register_builtin_envs() -> None:
         description="Reply using only the given letters; dense reward. A warm-up task for trainer tests and CI.",
         source="envhub",
     )
+    register(
+        "WebShop-v0",
+        "envhub.envs.web.env:WebShopEnv",
+        max_episode_steps=20,
+        tags=("web", "single-agent"),
+        description="Find and buy the product an instruction describes in a local web shop (search, click, options).",
+        source="envhub",
+    )
+    register(
+        "RockPaperScissors-v0",
+        "envhub.envs.games.rock_paper_scissors:RockPaperScissorsEnv",
+        multiagent=True,
+        tags=("game", "parallel"),
+        description="Rock-paper-scissors over several rounds, both players moving at once (PettingZoo ParallelEnv).",
+        source="envhub",
+    )
+    for game, module, about in (
+        ("TicTacToe", "tictactoe:TicTacToeEnv", "Three in a row on a 3x3 board, with a perfect minimax player."),
+        ("ConnectFour", "connect_four:ConnectFourEnv", "Four in a row on a 6x7 grid, with an alpha-beta player."),
+        ("KuhnPoker", "kuhn_poker:KuhnPokerEnv", "One hand of three-card poker (hidden information), with a Nash player."),
+    ):
+        register(f"{game}-v0", f"envhub.envs.games.{module}", multiagent=True, tags=("game",), description=about, source="envhub")
+        register(
+            f"{game}-SelfPlay-v0",
+            "envhub.selfplay:SelfPlay",
+            kwargs={"game": f"{game}-v0", "opponent": "random"},
+            max_episode_steps=100,
+            tags=("game", "single-agent", "self-play"),
+            description=f"{game} for one seat against an opponent (random by default).",
+            source="envhub",
+        )
+    register(
+        "SWE-v0",
+        "envhub.envs.swe:SWEEnv",
+        tags=("swe", "sandbox", "single-agent"),
+        description="Fix a real bug in a Python repository (SWE-bench format); graded by hidden tests in a fresh sandbox.",
+        source="envhub",
+    )

@@ -1,0 +1,134 @@
+"""Sandbox pool benchmark: acquire latency (warm pool vs cold start) and exec round-trip, docker and bwrap.
+
+    python benchmarks/sandbox_pool.py [--backends docker bwrap] [--n 30] [--out results.json]
+
+The exec round-trip is compared with the engine's own path measured in the same run: the `docker exec`
+CLI (and the docker SDK's `exec_run`) for docker, and a bare `bwrap ... true` for bwrap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envhub.sandboxes import SandboxPool
+from envhub.sandboxes.images import ensure_base_image, ensure_rootfs
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] * 1000
+    return {"p50_ms": round(pick(0.5), 2), "p99_ms": round(pick(0.99), 2), "mean_ms": round(statistics.mean(ordered) * 1000, 2), "n": len(ordered)}
+
+
+async def _wait_for_spares(pool: SandboxPool) -> None:
+    while pool.metrics().spares < pool.size:
+        await asyncio.sleep(0.02)
+
+
+async def _acquire_latencies(backend: str, n: int, *, size: int, health_interval: float = 30.0) -> list[float]:
+    samples = []
+    async with SandboxPool(backend=backend, size=size, max_size=2, health_interval=health_interval) as pool:
+        for _ in range(n):
+            await _wait_for_spares(pool)
+            started = time.perf_counter()
+            async with pool.acquire() as sb:
+                samples.append(time.perf_counter() - started)
+                await sb.exec("true", timeout=30)  # the sandbox really works
+    return samples
+
+
+async def _exec_latencies(backend: str, n: int) -> tuple[list[float], list[float], str]:
+    async with SandboxPool(backend=backend, size=1, max_size=1) as pool:
+        async with pool.acquire() as sb:
+            ours = []
+            for _ in range(n):
+                started = time.perf_counter()
+                await sb.exec("true", timeout=30)
+                ours.append(time.perf_counter() - started)
+            if backend == "docker":
+                argv = ["docker", "exec", "-u", "1000:1000", sb.container_id, "sh", "-c", "true"]
+                reference = "docker exec CLI"
+            else:
+                argv = sb._launcher() + sb._argv(["sh", "-c", "true"], "/workspace", {})
+                reference = "bare bwrap"
+            theirs = []
+            for _ in range(n):
+                started = time.perf_counter()
+                subprocess.run(argv, check=True, capture_output=True)
+                theirs.append(time.perf_counter() - started)
+    return ours, theirs, reference
+
+
+def _sdk_exec_latencies(n: int) -> list[float]:
+    from envhub.sandboxes.docker_backend import shared_client
+
+    container = shared_client().containers.run(ensure_base_image(), ["sleep", "infinity"], detach=True, network_mode="none", labels={"envhub.sandbox": "1", "envhub.owner_pid": "0"})
+    try:
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            container.exec_run(["sh", "-c", "true"], user="1000:1000")
+            samples.append(time.perf_counter() - started)
+        return samples
+    finally:
+        container.remove(force=True)
+
+
+async def run(backends: list[str], n: int) -> dict:
+    results: dict = {}
+    for backend in backends:
+        row = {
+            "warm_acquire": _summary(await _acquire_latencies(backend, n, size=1)),
+            "warm_acquire_health_checked": _summary(await _acquire_latencies(backend, n, size=1, health_interval=0)),
+            "cold_start": _summary(await _acquire_latencies(backend, max(n // 3, 5), size=0)),
+        }
+        ours, theirs, reference = await _exec_latencies(backend, n)
+        row["exec_roundtrip"] = _summary(ours)
+        row["reference_exec"] = {**_summary(theirs), "what": reference}
+        if backend == "docker":
+            row["docker_sdk_exec_run"] = _summary(await asyncio.to_thread(_sdk_exec_latencies, n))
+        row["cold_over_warm"] = round(row["cold_start"]["p50_ms"] / max(row["warm_acquire"]["p50_ms"], 1e-3), 1)
+        row["exec_over_reference"] = round(row["exec_roundtrip"]["p50_ms"] / row["reference_exec"]["p50_ms"], 2)
+        results[backend] = row
+    return results
+
+
+def print_table(results: dict) -> None:
+    """One line per backend and measurement: p50 / p99 in milliseconds."""
+    print(f"{'backend':<8} {'measurement':<30} {'p50 ms':>9} {'p99 ms':>9} {'n':>4}")
+    for backend, row in results.items():
+        for name, stats in row.items():
+            if isinstance(stats, dict):
+                label = name if "what" not in stats else f"{name} ({stats['what']})"
+                print(f"{backend:<8} {label:<30} {stats['p50_ms']:>9.2f} {stats['p99_ms']:>9.2f} {stats['n']:>4}")
+        print(f"{backend:<8} cold start / warm acquire (p50): {row['cold_over_warm']}x;  exec / reference (p50): {row['exec_over_reference']}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", nargs="+", default=["docker", "bwrap"], choices=["docker", "bwrap", "local"])
+    parser.add_argument("--n", type=int, default=30, help="samples per measurement")
+    parser.add_argument("--out", default="benchmarks/results/sandbox_pool.json", help="where the JSON goes")
+    args = parser.parse_args(argv)
+    if "docker" in args.backends:
+        ensure_base_image()
+    if "bwrap" in args.backends:
+        ensure_rootfs(build=False)
+    results = asyncio.run(run(args.backends, args.n))
+    print_table(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "sandbox_pool", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""`envhub serve`: every registered env over HTTP (aiohttp, JSON), one env per session.
+
+Endpoints (all JSON; errors are 4xx/5xx with {"error": ..., "hint": ...}):
+  GET    /health                     -> {"status": "ok", "sessions": n, "max_sessions": m}
+  GET    /envs                       -> [{"id", "tags", "description", "multiagent", "max_episode_steps"}]
+  GET    /envs/{env_id}              -> one of the above (404 with suggestions for unknown ids)
+  POST   /sessions                   {"env_id", "kwargs"?, "reset"?, "seed"?, "options"?}
+                                     -> {"session_id", "env_id", "observation_space", "action_space"[, "observation", "info"]}
+  POST   /sessions/{id}/reset        {"seed"?, "options"?} -> {"observation", "info"}
+  POST   /sessions/{id}/step         {"action": str | object} -> {"observation", "reward", "terminated", "truncated", "info"}
+  DELETE /sessions/{id}              -> {"closed": id}
+
+Sessions idle longer than `idle_timeout` seconds are closed by a reaper task; past `max_sessions`
+new sessions get 429. Async envs are driven through `areset`/`astep` on the server's loop; envs
+that implement only sync `reset`/`step` run in a worker thread, so a slow one stalls nobody else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from gymnasium import spaces
+
+from envhub.errors import EnvhubError, EnvNotFound, ResetNeeded
+
+DEFAULT_IDLE_TIMEOUT = 600.0
+DEFAULT_MAX_SESSIONS = 1024
+
+
+@dataclass
+class Session:
+    """One env held for one client."""
+
+    id: str
+    env_id: str
+    env: Any
+    last_used: float = field(default_factory=time.monotonic)
+    needs_reset: bool = True
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class HTTPError(Exception):
+    """A request the server refuses, with its status code, message and hint."""
+
+    def __init__(self, status: int, error: str, hint: str = "") -> None:
+        super().__init__(error)
+        self.status, self.error, self.hint = status, error, hint
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` made JSON-serialisable: numpy to lists/numbers, dataclasses to dicts, the rest to str."""
+    if depth > 32:
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, np.generic):
+        return json_safe(value.item(), depth + 1)
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist(), depth + 1)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return json_safe(dataclasses.asdict(value), depth + 1)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, depth + 1) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return repr(value)
+
+
+def _sync_only(env: Any) -> bool:
+    """True for envs that implement only sync `step`: they run in a worker thread so that a slow
+    one cannot stall the server's loop (async envs are awaited on it)."""
+    from envhub.core import AgentEnv
+
+    cls = type(env.unwrapped)
+    if not issubclass(cls, AgentEnv):
+        return True
+    return cls.step is not AgentEnv.step and cls.astep is AgentEnv.astep
+
+
+def space_json(space: Any) -> dict[str, Any]:
+    """A description of a space that the client can rebuild text spaces from."""
+    if isinstance(space, spaces.Text):
+        return {"type": "Text", "min_length": space.min_length, "max_length": space.max_length}
+    return {"type": type(space).__name__, "repr": repr(space)}
+
+
+class EnvServer:
+    """The session table and the request handlers."""
+
+    def __init__(self, idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
+        self.idle_timeout = idle_timeout
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self.reaped = 0
+        self._creating = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application serving this table."""
+        app = web.Application(middlewares=[self._errors], client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/envs", self.list_envs)
+        app.router.add_get("/envs/{env_id}", self.env_info)
+        app.router.add_post("/sessions", self.create)
+        app.router.add_post("/sessions/{sid}/reset", self.reset)
+        app.router.add_post("/sessions/{sid}/step", self.step)
+        app.router.add_delete("/sessions/{sid}", self.delete)
+        app.on_startup.append(self._start_reaper)
+        app.on_cleanup.append(self._shutdown)
+        return app
+
+    # -- plumbing -----------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HTTPError as exc:
+            return web.json_response({"error": exc.error, "hint": exc.hint}, status=exc.status)
+        except web.HTTPException as exc:  # aiohttp's own 404/405 for unknown routes
+            if exc.status < 400:
+                raise
+            hint = "see `envhub serve --help` for the endpoints"
+            return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}", "hint": hint}, status=exc.status)
+        except Exception as exc:  # an env that crashed must not take the server down
+            return web.json_response({"error": f"{type(exc).__name__}: {exc}", "hint": "the environment raised; see the server log"}, status=500)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if not request.can_read_body:
+            return {}
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"request body is not valid JSON: {exc}", "send a JSON object") from exc
+        if not isinstance(body, dict):
+            raise HTTPError(400, f"request body must be a JSON object, got {type(body).__name__}", "send a JSON object")
+        return body
+
+    def _session(self, request: web.Request) -> Session:
+        sid = request.match_info["sid"]
+        session = self.sessions.get(sid)
+        if session is None:
+            raise HTTPError(404, f"unknown session {sid!r}", f"it was closed or reaped after {self.idle_timeout:g}s idle; create a new one with POST /sessions")
+        session.last_used = time.monotonic()
+        return session
+
+    async def _start_reaper(self, app: web.Application) -> None:
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def _reap_forever(self) -> None:
+        period = max(0.05, min(self.idle_timeout / 4, 30.0))
+        while True:
+            await asyncio.sleep(period)
+            await self.reap_idle()
+
+    async def reap_idle(self) -> int:
+        """Close sessions idle longer than `idle_timeout`; returns how many were closed."""
+        now = time.monotonic()
+        idle = [s for s in self.sessions.values() if now - s.last_used > self.idle_timeout and not s.lock.locked()]
+        for session in idle:
+            await self._close(session)
+        self.reaped += len(idle)
+        return len(idle)
+
+    async def _close(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+        try:
+            await session.env.aclose()
+        except Exception:
+            pass  # closing is best effort; the session is gone either way
+
+    async def _shutdown(self, app: web.Application) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for session in list(self.sessions.values()):
+            await self._close(session)
+
+    # -- handlers -----------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "sessions": len(self.sessions), "max_sessions": self.max_sessions})
+
+    @staticmethod
+    def _spec_json(spec: Any) -> dict[str, Any]:
+        return {"id": spec.id, "tags": list(spec.tags), "description": spec.description, "multiagent": spec.multiagent, "max_episode_steps": spec.max_episode_steps}
+
+    async def list_envs(self, request: web.Request) -> web.Response:
+        from envhub.registry import list_envs
+
+        return web.json_response([self._spec_json(s) for s in list_envs(tag=request.query.get("tag"))])
+
+    async def env_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self._spec_json(self._lookup(request.match_info["env_id"])))
+
+    def _lookup(self, env_id: Any) -> Any:
+        from envhub.registry import spec
+
+        if not isinstance(env_id, str) or not env_id:
+            raise HTTPError(400, "missing or non-string 'env_id'", 'send {"env_id": "Name-v0", "kwargs": {...}}')
+        try:
+            return spec(env_id)
+        except EnvNotFound as exc:
+            raise HTTPError(404, str(exc.args[0]), exc.hint) from exc
+
+    async def create(self, request: web.Request) -> web.Response:
+        from envhub.registry import list_envs, make
+
+        body = await self._body(request)
+        env_spec = self._lookup(body.get("env_id"))
+        if env_spec.multiagent:
+            seat_id = env_spec.id.rsplit("-v", 1)[0] + "-SelfPlay-v0"
+            registered = any(s.id == seat_id for s in list_envs())
+            hint = f"sessions play one seat: use {seat_id}" if registered else "multi-agent envs are played locally with envhub.make_multiagent"
+            raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", hint)
+        kwargs = body.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise HTTPError(400, "'kwargs' must be a JSON object", 'e.g. {"kwargs": {"size": 6}}')
+        if len(self.sessions) + self._creating >= self.max_sessions:
+            raise HTTPError(429, f"the server holds its maximum of {self.max_sessions} sessions", "close finished sessions (DELETE /sessions/{id}) or retry later")
+        self._creating += 1  # counted against max_sessions while the env is being built
+        try:
+            env = await asyncio.to_thread(make, env_spec.id, **kwargs)
+        except (TypeError, ValueError, EnvhubError) as exc:
+            raise HTTPError(400, f"cannot make {env_spec.id} with kwargs {kwargs}: {exc}", f"`envhub info {env_spec.id}` lists its kwargs") from exc
+        finally:
+            self._creating -= 1
+        session = Session(id=uuid.uuid4().hex, env_id=env_spec.id, env=env)
+        self.sessions[session.id] = session
+        reply: dict[str, Any] = {
+            "session_id": session.id,
+            "env_id": env_spec.id,
+            "observation_space": space_json(env.observation_space),
+            "action_space": space_json(env.action_space),
+            "idle_timeout": self.idle_timeout,
+        }
+        if body.get("reset"):
+            try:
+                reply.update(await self._reset(session, body))
+            except BaseException:
+                await self._close(session)  # the client never learns this id, so do not keep it
+                raise
+        return web.json_response(reply)
+
+    async def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        seed, options = body.get("seed"), body.get("options")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise HTTPError(400, f"'seed' must be a non-negative integer or null, got {seed!r}")
+        if options is not None and not isinstance(options, dict):
+            raise HTTPError(400, "'options' must be a JSON object or null")
+        async with session.lock:
+            if _sync_only(session.env):
+                obs, info = await asyncio.to_thread(session.env.reset, seed=seed, options=options)
+            else:
+                obs, info = await session.env.areset(seed=seed, options=options)
+            session.needs_reset = False
+        session.last_used = time.monotonic()
+        return {"observation": json_safe(obs), "info": json_safe(info)}
+
+    async def reset(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        return web.json_response(await self._reset(session, await self._body(request)))
+
+    async def step(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await self._body(request)
+        if "action" not in body:
+            raise HTTPError(400, "missing 'action'", 'send {"action": "your text"}')
+        action = body["action"]
+        if not isinstance(action, (str, dict)):
+            raise HTTPError(400, f"'action' must be a string or an object, got {type(action).__name__}")
+        if session.needs_reset:
+            raise HTTPError(409, "step before reset: the episode has not started or has ended", f"POST /sessions/{session.id}/reset first")
+        async with session.lock:
+            try:
+                if _sync_only(session.env):
+                    obs, reward, terminated, truncated, info = await asyncio.to_thread(session.env.step, action)
+                else:
+                    obs, reward, terminated, truncated, info = await session.env.astep(action)
+            except ResetNeeded as exc:
+                session.needs_reset = True
+                raise HTTPError(409, str(exc.args[0]), exc.hint or "reset the session") from exc
+            session.needs_reset = bool(terminated or truncated)
+        session.last_used = time.monotonic()
+        return web.json_response(
+            {"observation": json_safe(obs), "reward": json_safe(float(reward)), "terminated": bool(terminated), "truncated": bool(truncated), "info": json_safe(info)}
+        )
+
+    async def delete(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        async with session.lock:
+            await self._close(session)
+        return web.json_response({"closed": session.id})

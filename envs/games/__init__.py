@@ -1,0 +1,1 @@
+"""Turn-based text games as PettingZoo AEC envs (TicTacToe, ConnectFour, Kuhn poker)."""

@@ -1,0 +1,200 @@
+"""`DockerSandbox`: one hardened container per sandbox; commands run through streamed `docker exec`.
+
+The container runs `sleep infinity` under docker's init as nobody; commands run as uid 1000; with no network, no
+capabilities, no-new-privileges, a read-only root, size-capped tmpfs at /workspace and /tmp, and
+memory / CPU / pids limits. Container lifecycle goes through the docker SDK in a thread; exec
+output streams over the engine socket on the event loop (see `engine_api`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+from envhub.errors import SandboxError
+from envhub.sandboxes.base import SANDBOX_GID, SANDBOX_UID, WORKDIR, ExecResult, OutputCap, Sandbox, SandboxLimits
+from envhub.sandboxes.engine_api import EngineAPI
+
+LABEL_POOL = "envhub.pool"
+LABEL_OWNER = "envhub.owner_pid"
+LABEL_SANDBOX = "envhub.sandbox"
+_USER = f"{SANDBOX_UID}:{SANDBOX_GID}"
+_KEEPER = "65534:65534"
+_OOM_PROBE = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
+
+_client: Any = None
+
+
+def shared_client() -> Any:
+    """One docker SDK client per process (created on first use; SandboxError when no engine answers)."""
+    global _client
+    if _client is None:
+        from envhub.sandboxes.images import docker_client
+
+        _client = docker_client()
+    return _client
+
+
+class DockerSandbox(Sandbox):
+    """A sandbox backed by one Docker container made from `image`."""
+
+    def __init__(self, image: str | None = None, *, limits: SandboxLimits | None = None, labels: dict[str, str] | None = None) -> None:
+        self.image = image
+        self.limits = limits or SandboxLimits()
+        self.labels = {LABEL_SANDBOX: "1", LABEL_OWNER: str(os.getpid()), **(labels or {})}
+        self.container_id: str | None = None
+        self.name = f"envhub-sbx-{uuid.uuid4().hex[:12]}"
+        self.dead = False
+        self._api = EngineAPI()
+        self._oom_kills = 0
+
+    async def start(self) -> None:
+        """Create and start the container (about 0.3-1 s)."""
+        if self.image is None:
+            from envhub.sandboxes.images import require_base_image
+
+            self.image = await asyncio.to_thread(require_base_image)
+        self.container_id = await asyncio.to_thread(self._create)
+
+    def _create(self) -> str:
+        import docker.errors
+
+        limits = self.limits
+        try:
+            # create + start, never `run`: the SDK's run() pulls a missing image, and no registry is reachable
+            container = shared_client().containers.create(
+                self.image,
+                ["sleep", "infinity"],
+                name=self.name,
+                detach=True,
+                init=True,
+                user=_KEEPER,  # not the sandbox user, so `kill -9 -1` on a timeout leaves the container up
+                working_dir=WORKDIR,
+                network_mode="bridge" if limits.network else "none",
+                mem_limit=f"{limits.memory_mb}m",
+                memswap_limit=f"{limits.memory_mb}m",
+                nano_cpus=int(limits.cpus * 1e9),
+                pids_limit=limits.pids,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs={
+                    WORKDIR: f"size={limits.workdir_mb}m,uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0755,exec",
+                    "/tmp": f"size={limits.tmp_mb}m,mode=1777,exec",
+                },
+                environment={"HOME": WORKDIR, "PYTHONDONTWRITEBYTECODE": "1"},
+                labels=self.labels,
+            )
+            container.start()
+        except docker.errors.ImageNotFound:
+            raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build`") from None
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"cannot start a sandbox container: {exc.explanation or exc}", hint="check `docker info`") from None
+        return container.id
+
+    async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
+        if self.container_id is None or self.dead:
+            raise SandboxError("sandbox is not running (never started, closed, or killed after a runaway command)", hint="acquire a fresh sandbox from the pool")
+        started = time.perf_counter()
+        exec_id = await self._api.exec_create(self.container_id, argv, user=_USER, workdir=cwd, env=env, stdin=stdin is not None)
+        stdout, stderr = OutputCap(max_output), OutputCap(max_output)
+        timed_out = False
+        try:
+            await asyncio.wait_for(self._api.exec_stream(exec_id, stdin, stdout, stderr), timeout)
+        except asyncio.TimeoutError:
+            timed_out = True
+            await self._kill_all()
+        exit_code = -9 if timed_out else await self._api.exit_code(exec_id)
+        oom = exit_code == 137 and not timed_out and await self._oom_happened()
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            timed_out=timed_out,
+            truncated=stdout.truncated or stderr.truncated,
+            duration=time.perf_counter() - started,
+            oom_killed=oom,
+        )
+
+    async def _kill_all(self) -> None:
+        """Kill every sandbox-user process (never PID 1); kill the container when even that cannot run."""
+        try:
+            exec_id = await self._api.exec_create(self.container_id, ["kill", "-9", "-1"], user=_USER, workdir="/", env={}, stdin=False)
+            await asyncio.wait_for(self._api.exec_stream(exec_id, None, OutputCap(4096), OutputCap(4096)), 5)
+            if await self._api.exit_code(exec_id) in (0, 1):  # 1: it may have killed nothing but itself's peers
+                return
+        except (SandboxError, asyncio.TimeoutError, OSError):
+            pass
+        # A fork bomb can leave no pid free for `kill`: stop the whole container instead.
+        self.dead = True
+        await asyncio.to_thread(self._remove)
+
+    async def reset(self) -> None:
+        """Kill every sandbox process, then empty /workspace and /tmp."""
+        if self.container_id is not None and not self.dead:
+            await self._kill_all()
+        await super().reset()
+
+    async def _oom_happened(self) -> bool:
+        try:
+            exec_id = await self._api.exec_create(self.container_id, ["sh", "-c", _OOM_PROBE], user=_USER, workdir="/", env={}, stdin=False)
+            out = OutputCap(4096)
+            await asyncio.wait_for(self._api.exec_stream(exec_id, None, out, OutputCap(4096)), 5)
+        except (SandboxError, asyncio.TimeoutError, OSError):
+            return False
+        match = re.search(r"oom_kill (\d+)", out.text())
+        count = int(match.group(1)) if match else 0
+        happened, self._oom_kills = count > self._oom_kills, count
+        return happened
+
+    async def close(self) -> None:
+        """Remove the container (and its tmpfs contents)."""
+        if self.container_id is not None:
+            await asyncio.to_thread(self._remove)
+            self.container_id = None
+        self.dead = True
+
+    def _remove(self) -> None:
+        import docker.errors
+
+        try:
+            shared_client().api.remove_container(self.container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise SandboxError(f"cannot remove sandbox container {self.name}: {exc}") from None
+
+
+def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -> list[str]:
+    """Remove sandbox containers whose owner process is dead (or of one pool, or all); return their names."""
+    removed = []
+    client = shared_client()
+    # the low-level list is one call; the high-level one inspects each container and fails when
+    # another process removes one meanwhile
+    for container in client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
+        labels = container.get("Labels") or {}
+        owner = int(labels.get(LABEL_OWNER, "0") or 0)
+        if all_sandboxes or (pool_id is not None and labels.get(LABEL_POOL) == pool_id) or not _pid_alive(owner):
+            try:
+                client.api.remove_container(container["Id"], force=True)
+                removed.append((container.get("Names") or [container["Id"][:12]])[0].lstrip("/"))
+            except Exception:
+                pass  # removed concurrently by its owner
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

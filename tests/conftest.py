@@ -1,0 +1,61 @@
+"""Shared fixtures: a real envhub HTTP server on a free 127.0.0.1 port."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Iterator
+
+import pytest
+
+pytest_plugins = ["envhub.sandboxes.testing"]  # shared sandbox pool fixtures
+
+
+@dataclass
+class RunningServer:
+    """An `EnvServer` serving on a background thread's event loop."""
+
+    url: str
+    server: object
+    loop: asyncio.AbstractEventLoop
+
+
+def start_server(**limits) -> tuple[RunningServer, callable]:
+    """Start an EnvServer on 127.0.0.1 (port chosen by the OS); returns it and a stop function."""
+    from aiohttp import web
+
+    from envhub.server import EnvServer
+
+    server = EnvServer(**limits)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder = {}
+
+    async def serve():
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        holder["runner"], holder["port"] = runner, runner.addresses[0][1]
+        started.set()
+
+    thread = threading.Thread(target=loop.run_forever, name="envhub-test-server", daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(serve(), loop).result(timeout=10)
+    started.wait(10)
+
+    def stop():
+        asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+
+    return RunningServer(f"http://127.0.0.1:{holder['port']}", server, loop), stop
+
+
+@pytest.fixture(scope="session")
+def env_server() -> Iterator[RunningServer]:
+    """One envhub server for the whole test session."""
+    running, stop = start_server(idle_timeout=600, max_sessions=500)
+    yield running
+    stop()

@@ -1,0 +1,88 @@
+"""FrozenLake: maps with a path, the BFS solver, slippery dynamics and the value-iteration policy."""
+
+from collections import Counter
+
+import pytest
+
+import envhub
+from envhub.envs.frozen_lake import FrozenLakeEnv
+
+
+@pytest.mark.parametrize("size", [4, 8])
+def test_shortest_path_solver_reaches_the_goal_on_20_seeds(size):
+    env = envhub.make("FrozenLake-v0", size=size, hole_fraction=0.3)
+    for seed in range(20):
+        env.reset(seed=seed)
+        plan = env.unwrapped.solve()
+        assert len(plan) >= 2 * (size - 1)  # Manhattan distance from corner to corner
+        total = 0.0
+        for move in plan:
+            obs, reward, terminated, truncated, info = env.step(move)
+            total += reward
+        assert total == 1.0 and terminated and info["success"] and "reached the goal" in obs
+
+
+def test_maps_have_holes_and_always_a_path():
+    env = FrozenLakeEnv(size=6, hole_fraction=0.5)
+    holes = 0
+    for seed in range(10):
+        obs, _ = env.reset(seed=seed)
+        holes += sum(row.count("H") for row in env.grid)
+        assert env.grid[0][0] == "S" and env.grid[-1][-1] == "G" and env.solve() is not None
+    assert holes > 50  # about half of the 34 free squares per map
+    assert obs.splitlines()[1].startswith("P")
+
+
+def test_falling_into_a_hole_ends_with_zero_and_edges_stop_you():
+    env = FrozenLakeEnv(size=4, hole_fraction=0.0)
+    env.reset(seed=0)
+    obs, reward, terminated, _, info = env.step("up")
+    assert "bumped into the edge" in obs and info["position"] == (0, 0) and not terminated
+    env.grid = ["SHFF", "FFFF", "FFFF", "FFFG"]
+    obs, reward, terminated, _, info = env.step('<tool_call>{"name": "move", "arguments": {"direction": "right"}}</tool_call>')
+    assert reward == 0.0 and terminated and info["fell"] and "fell into a hole" in obs
+
+
+def test_slippery_moves_go_each_allowed_way_a_third_of_the_time():
+    env = FrozenLakeEnv(size=5, hole_fraction=0.0, slippery=True)
+    env.reset(seed=0)
+    outcomes = Counter()
+    for _ in range(900):
+        env.position = (2, 2)
+        env.step("up")
+        outcomes[env.position] += 1
+    assert set(outcomes) == {(1, 2), (2, 1), (2, 3)}  # never backwards
+    assert all(240 <= n <= 360 for n in outcomes.values()), outcomes
+
+
+def test_value_iteration_policy_matches_its_success_probability():
+    env = FrozenLakeEnv(size=4, hole_fraction=0.2, slippery=True)
+    env.reset(seed=1)
+    predicted = env.success_probability()
+    assert 0.0 < predicted < 1.0
+    wins, episodes = 0.0, 400
+    for _ in range(episodes):
+        env.position, env.done = (0, 0), False
+        for _ in range(300):
+            _, reward, terminated, _, _ = env.step(env.oracle_action())
+            if terminated:
+                break
+        wins += reward
+    assert abs(wins / episodes - predicted) < 0.08
+
+
+def test_non_slippery_policy_is_certain_and_follows_shortest_paths():
+    env = FrozenLakeEnv(size=5, hole_fraction=0.25)
+    env.reset(seed=3)
+    assert env.success_probability() == pytest.approx(1.0)
+    shortest, steps, reward = len(env.solve()), 0, 0.0
+    while not env.done:
+        reward = env.step(env.optimal_policy()[env.position])[1]
+        steps += 1
+    assert reward == 1.0 and steps == shortest
+
+
+def test_impossible_hole_fraction_fails_with_a_hint_instead_of_looping():
+    env = FrozenLakeEnv(size=8, hole_fraction=0.99)
+    with pytest.raises(RuntimeError, match="lower hole_fraction"):
+        env.reset(seed=0)

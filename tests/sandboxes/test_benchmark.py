@@ -1,0 +1,23 @@
+"""The sandbox benchmark runs end to end and writes its JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.slow
+def test_benchmark_writes_table_and_json(base_image, base_rootfs, tmp_path, capsys):
+    import sandbox_pool
+
+    out = tmp_path / "bench.json"
+    assert sandbox_pool.main(["--backends", "bwrap", "docker", "--n", "3", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    for backend in ("docker", "bwrap"):
+        row = results[backend]
+        assert row["warm_acquire"]["p50_ms"] < row["cold_start"]["p50_ms"]
+        assert row["exec_roundtrip"]["n"] == 3 and row["reference_exec"]["p50_ms"] > 0
+    assert "cold start / warm acquire" in capsys.readouterr().out

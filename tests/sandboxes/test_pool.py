@@ -1,0 +1,119 @@
+"""SandboxPool: warm spares, back-pressure, clean hand-outs, health checks, orphan cleanup, metrics."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from envhub.cli import main as cli_main
+from envhub.sandboxes import PoolMetrics, SandboxPool
+from envhub.sandboxes.docker_backend import LABEL_OWNER, LABEL_SANDBOX, shared_client
+
+
+@pytest.fixture(params=["docker", "bwrap"])
+def pool(request):
+    return request.getfixturevalue(f"{request.param}_pool")
+
+
+async def test_warm_spares_then_refill(pool):
+    assert pool.metrics().spares == 2
+    async with pool.acquire() as sb:
+        assert (await sb.exec("echo hi", timeout=10)).stdout == "hi\n"
+    for _ in range(100):  # the pool refills in the background
+        if pool.metrics().spares == 2 and pool.metrics().destroyed == 1:
+            break
+        await asyncio.sleep(0.05)
+    m = pool.metrics()
+    assert isinstance(m, PoolMetrics)
+    assert (m.acquires, m.in_use, m.spares, m.cold_starts, m.failed, m.destroyed) == (1, 0, 2, 0, 0, 1)
+    assert m.created == 3 and 0 < m.acquire_p50_ms <= m.acquire_p99_ms
+
+
+async def test_next_user_sees_nothing_of_the_previous_episode(pool):
+    async with pool.acquire() as first:
+        await first.exec("echo secret > /workspace/s.txt; echo secret > /tmp/s.txt; (sleep 300 &) ; true", timeout=10)
+    async with pool.acquire() as second:
+        assert second is not first
+        r = await second.exec("ls -A /workspace /tmp; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10)
+    assert "s.txt" not in r.stdout
+    assert r.stdout.strip().endswith("0")
+
+
+async def test_back_pressure_at_max_size(pool):
+    held = [pool.acquire() for _ in range(pool.max_size)]
+    sandboxes = [await cm.__aenter__() for cm in held]
+    assert pool.metrics().in_use == pool.max_size
+    extra_cm = pool.acquire()
+    waiter = asyncio.create_task(extra_cm.__aenter__())
+    await asyncio.sleep(0.3)
+    assert not waiter.done()  # blocked until someone releases
+    await held[0].__aexit__(None, None, None)
+    extra = await asyncio.wait_for(waiter, 30)
+    assert extra not in sandboxes
+    for cm in held[1:]:
+        await cm.__aexit__(None, None, None)
+    assert pool.metrics().in_use == 1
+    await extra_cm.__aexit__(None, None, None)
+    assert pool.metrics().in_use == 0
+
+
+async def test_unhealthy_spare_is_replaced(base_image):
+    async with SandboxPool(backend="docker", image=base_image, size=1, health_interval=0) as pool:
+        spare = pool._spares._queue[0][1]
+        await asyncio.to_thread(shared_client().api.kill, spare.container_id)
+        async with pool.acquire() as sb:
+            assert sb is not spare
+            assert (await sb.exec("echo ok", timeout=10)).stdout == "ok\n"
+        assert pool.metrics().unhealthy == 1
+
+
+CRASHING_OWNER = """
+import asyncio, os, sys
+from envhub.sandboxes import SandboxPool
+async def main():
+    docker = SandboxPool(backend="docker", size=2)
+    bwrap = SandboxPool(backend="bwrap", size=1)
+    await docker.start(); await bwrap.start()
+    print("ready", flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+async def test_gc_and_pool_start_remove_orphans_of_a_crashed_process(base_image, base_rootfs, capsys):
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING_OWNER], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    owner = str(proc.pid)
+    proc.kill()  # SIGKILL: no cleanup code runs
+    proc.wait()
+    client = shared_client()
+    orphans = lambda: client.api.containers(all=True, filters={"label": [LABEL_SANDBOX, f"{LABEL_OWNER}={owner}"]})
+    assert len(orphans()) == 2
+    from envhub.sandboxes.bwrap_backend import sandboxes_dir
+
+    assert any(p.name.startswith(owner + "-") for p in sandboxes_dir().iterdir())
+    assert cli_main(["sandbox", "gc"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert orphans() == []
+    assert not any(p.name.startswith(owner + "-") for p in sandboxes_dir().iterdir())
+
+
+async def test_pool_start_removes_orphans(base_image):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    container = shared_client().containers.run(base_image, ["sleep", "infinity"], detach=True, network_mode="none", labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)})
+    async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
+        pass
+    assert not shared_client().api.containers(all=True, filters={"id": container.id})
+
+
+async def test_missing_image_is_a_clear_error(base_image):
+    from envhub.errors import SandboxError
+
+    with pytest.raises(SandboxError, match="missing") as info:
+        async with SandboxPool(backend="docker", image="envhub/base:does-not-exist", size=1):
+            pass
+    assert "envhub sandbox build" in str(info.value)

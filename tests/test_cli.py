@@ -1,0 +1,55 @@
+"""The `envhub` command line: listing, info, playing from a pipe, and one-line errors."""
+
+import io
+import subprocess
+import sys
+
+import envhub
+from envhub.cli import main
+from envhub.play import play
+
+from tests.test_registry import Echo
+
+
+def run_cli(*args, stdin=""):
+    return subprocess.run([sys.executable, "-m", "envhub.cli", *args], input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def test_list_shows_builtins_and_filters_by_tag(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "Sokoban-v0" in out and "Math-v0" in out
+    assert main(["list", "--tag", "math"]) == 0
+    out = capsys.readouterr().out
+    assert "Math-v0" in out and "Sokoban-v0" not in out
+
+
+def test_unknown_id_is_one_line_with_a_suggestion_and_nonzero_exit():
+    result = run_cli("info", "FrozenLak-v0")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "envhub: error: unknown environment 'FrozenLak-v0'",
+        "hint: did you mean FrozenLake-v0? `envhub list` shows every id",
+    ]
+
+
+def test_unknown_tag_says_so(capsys):
+    assert main(["list", "--tag", "no-such-tag"]) == 1
+    assert "no environment has tag 'no-such-tag'" in capsys.readouterr().out
+
+
+def test_play_reads_actions_from_a_pipe():
+    envhub.register("EchoPlay-v0", Echo, kwargs={"limit": 2})
+    out = io.StringIO()
+    total = play("EchoPlay-v0", seed=0, stdin=io.StringIO("hello\nworld\nunused\n"), stdout=out)
+    text = out.getvalue()
+    assert total == 2.0
+    assert "you said: hello" in text and "you said: world" in text and "unused" not in text
+    assert "episode finished after 2 steps" in text
+
+
+def test_play_stops_cleanly_at_end_of_input():
+    envhub.register("EchoPlayEof-v0", Echo, kwargs={"limit": 5})
+    out = io.StringIO()
+    play("EchoPlayEof-v0", stdin=io.StringIO("one\n"), stdout=out)
+    assert "end of input" in out.getvalue()
