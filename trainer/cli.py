@@ -26,7 +26,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         stale=f"{row['staleness']:.1f}")
         bar.update(1)
 
-    trainer = Trainer(config, out_dir=args.out, on_step=on_step)
+    ray = None
+    if args.ray:
+        from envhub.trainer.ray_workers import RayOptions
+
+        ray = RayOptions(address=args.ray, workers=args.ray_workers)
+    trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
@@ -58,6 +63,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="play episodes on Ray EnvWorker actors: 'local' or a cluster address (needs envhub[ray])")
+    p.add_argument("--ray-workers", type=int, default=2, help="EnvWorker actors with --ray")
     p.set_defaults(handler=_cmd_train)
     if "bench" in sub.choices:  # another subsystem owns `bench`; ours stays reachable as `bench-async`
         p = sub.add_parser("bench-async", help="async vs sync GRPO training throughput")
