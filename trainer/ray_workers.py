@@ -130,6 +130,17 @@ class RayRolloutSource:
             opts["resources"] = dict(self.options.resources)
         return self._actor_cls.options(**opts).remote(*self._args)
 
+    async def resize(self, workers: int) -> None:
+        """Use `workers` actors (start more or stop the surplus); call it while no episode is running."""
+        if workers < 1 or any(self.load):
+            raise EngineError("resize needs at least one worker and no episode in flight")
+        while len(self.actors) > workers:
+            self.ray.kill(self.actors.pop(), no_restart=True)
+        self.actors += [self._new_actor() for _ in range(workers - len(self.actors))]
+        self.load = [0] * workers
+        self._slots = asyncio.Semaphore(workers * self.options.episodes_per_worker)
+        await self.ready()
+
     async def ready(self) -> None:
         """Wait until every actor has started (its tokenizer loaded)."""
         await asyncio.gather(*[a.pid.remote() for a in self.actors])
