@@ -71,3 +71,4 @@ async def test_killing_an_env_worker_mid_run_loses_no_finished_trajectory(local_
     # no group lost an episode: every started group that finished came back whole
     assert queue["failed"] == 0 and queue["consumed"] == 6
     assert source.episodes_finished >= finished_before + 1
+
