@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from typing import Any
@@ -18,6 +19,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.steps is not None:
         config.budget.steps = args.steps
+    ray = None
+    if args.ray:
+        from envhub.errors import ConfigError
+        from envhub.trainer.ray_workers import RayOptions
+
+        try:
+            resources = json.loads(args.ray_resources) if args.ray_resources else {}
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\'') from None
+        ray = RayOptions(address=args.ray, workers=args.ray_workers, resources=resources)
     bar = tqdm(total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def on_step(row: dict[str, Any]) -> None:
@@ -26,11 +37,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         stale=f"{row['staleness']:.1f}")
         bar.update(1)
 
-    ray = None
-    if args.ray:
-        from envhub.trainer.ray_workers import RayOptions
-
-        ray = RayOptions(address=args.ray, workers=args.ray_workers)
     trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
 
     async def main() -> Any:
@@ -81,6 +87,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="play episodes on Ray EnvWorker actors: 'local' or a cluster address (needs envhub[ray])")
     p.add_argument("--ray-workers", type=int, default=2, help="EnvWorker actors with --ray")
+    p.add_argument("--ray-resources", default="", metavar="JSON", help='custom Ray resources per worker, e.g. \'{"env_host": 1}\' to place workers on CPU hosts')
     p.set_defaults(handler=_cmd_train)
     if "bench" in sub.choices:  # another subsystem owns `bench`; ours stay reachable as `bench-async` / `bench-all`
         p = sub.add_parser("bench-async", help="async vs sync GRPO training throughput")
