@@ -46,6 +46,7 @@ class MetricsLogger:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         rows = self.read()
         keys = sorted({k for r in rows for k in r if k.startswith("reward/")})
@@ -53,6 +54,7 @@ class MetricsLogger:
         for key in keys:
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=key.split("/", 1)[1])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("learner step")
         ax.set_ylabel("mean episode reward")
         ax.set_title("reward per task")
