@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from envhub.errors import EngineError
+
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.engine import SamplingParams
 from envhub.trainer.multi_engine import MultiEngine, http_engines
@@ -16,7 +18,6 @@ from .test_train_http_engine import free_port
 
 pytest.importorskip("envhub.trainer.sglang_engine")
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,7 @@ async def wait_healthy(engine, procs):
     pytest.fail("engine servers did not come up")
 
 
+@pytest.mark.slow
 async def test_requests_spread_over_both_servers(two_servers):
     urls, procs = two_servers
     engine = http_engines(urls)
@@ -58,6 +60,7 @@ async def test_requests_spread_over_both_servers(two_servers):
     await engine.close()
 
 
+@pytest.mark.slow
 async def test_training_pushes_weights_to_every_server(two_servers, tmp_path):
     urls, procs = two_servers
     probe = http_engines(urls)
@@ -73,3 +76,12 @@ async def test_training_pushes_weights_to_every_server(two_servers, tmp_path):
     assert result.last_step == 2
     assert [await e.get_weight_version() for e in probe.engines] == [2, 2]
     await probe.close()
+
+
+def test_engine_urls_make_one_client_or_a_least_loaded_multi_engine():
+    sglang_engine = pytest.importorskip("envhub.trainer.sglang_engine")
+    assert isinstance(http_engines("http://127.0.0.1:30000"), sglang_engine.SGLangEngine)
+    multi = http_engines("http://a:1, http://b:2,")
+    assert [e.url for e in multi.engines] == ["http://a:1", "http://b:2"]
+    with pytest.raises(EngineError, match="no engine URL"):
+        http_engines(" , ")
