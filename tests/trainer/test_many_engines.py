@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import EngineError
-
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.engine import SamplingParams
 from envhub.trainer.multi_engine import MultiEngine, http_engines
