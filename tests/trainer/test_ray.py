@@ -24,10 +24,10 @@ def local_ray():
     ray.shutdown()
 
 
-def config(out_dir, env="Letters-v0", steps=2, **rollout):
+def config(out_dir, env="Letters-v0", steps=2, kwargs=None, **rollout):
     return config_from_dict({
         "model": {"name": "tiny"},
-        "tasks": [{"env": env}],
+        "tasks": [{"env": env, "kwargs": kwargs or {}}],
         "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1, **rollout},
         "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync", "filter_zero_variance": False},
         "budget": {"steps": steps, "checkpoint_every": 10},
@@ -54,9 +54,10 @@ async def test_ray_run_matches_in_process_trajectories_and_checkpoint(local_ray,
 async def test_killing_an_env_worker_mid_run_loses_no_finished_trajectory(local_ray, tmp_path):
     if BENCH_ENV not in {s.id for s in envhub.list_envs()}:
         envhub.register(BENCH_ENV, SlowLettersEnv)
-    trainer = Trainer(config(tmp_path, env=BENCH_ENV, steps=3, max_turns=3), ray=RayOptions(workers=2, episodes_per_worker=4))
+    trainer = Trainer(config(tmp_path, env=BENCH_ENV, steps=3, kwargs={"median_s": 0.4, "sigma": 0.2}, max_turns=3), ray=RayOptions(workers=2, episodes_per_worker=4))
     run = asyncio.create_task(trainer.run())
-    while trainer.rollouts is None or trainer.rollouts.episodes_finished < 4:  # some episodes are back, more in flight
+    # kill worker 0 once some episodes are back and some are running on it
+    while trainer.rollouts is None or trainer.rollouts.episodes_finished < 2 or trainer.rollouts.load[0] == 0:
         assert not run.done(), run.result()
         await asyncio.sleep(0.05)
     source = trainer.rollouts
