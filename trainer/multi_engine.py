@@ -51,3 +51,13 @@ class MultiEngine(InferenceEngine):
     async def close(self) -> None:
         """Close every engine."""
         await asyncio.gather(*[e.close() for e in self.engines])
+
+
+def http_engines(urls: str) -> InferenceEngine:
+    """A client of one SGLang-compatible server, or a least-loaded MultiEngine over several comma-separated URLs."""
+    from envhub.trainer.sglang_engine import SGLangEngine
+
+    parts = [u.strip() for u in urls.split(",") if u.strip()]
+    if not parts:
+        raise EngineError("no engine URL given", hint="set engine.url, e.g. http://127.0.0.1:30000")
+    return SGLangEngine(parts[0]) if len(parts) == 1 else MultiEngine([SGLangEngine(u) for u in parts])

@@ -78,6 +78,21 @@ def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
+class InProcessRollouts:
+    """Rollout source of the default single-process setup: a RolloutWorker on the trainer's event loop."""
+
+    def __init__(self, worker: RolloutWorker, factories: dict[str, EnvFactory]) -> None:
+        self.worker = worker
+        self.factories = factories
+
+    async def run_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
+        """One GRPO group of `task` on seed `seed`."""
+        return await self.worker.run_group(self.factories[task.env], task.env, seed, group_id)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
 @dataclass
 class TrainResult:
     """How a run ended."""
@@ -95,8 +110,11 @@ class TrainResult:
 class Trainer:
     """Runs a TrainConfig: engine, rollout worker, queue, learner, metrics and checkpoints."""
 
-    def __init__(self, config: TrainConfig, out_dir: str | Path | None = None, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, config: TrainConfig, out_dir: str | Path | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
+                 ray: Any = None) -> None:
         self.config = config
+        self.ray = ray  # RayOptions: play episodes on Ray actors instead of in this process
+        self.rollouts: Any = None
         self.out_dir = Path(out_dir or config.out_dir)
         self.on_step = on_step
         self._stop = asyncio.Event()
@@ -113,11 +131,9 @@ class Trainer:
             from envhub.trainer.local_engine import LocalEngine
 
             return LocalEngine(copy.deepcopy(model).eval(), tokenizer, max_batch_size=cfg.max_batch_size)
-        try:
-            from envhub.trainer.sglang_engine import SGLangEngine  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ConfigError("engine.kind sglang needs envhub.trainer.sglang_engine", hint="use engine.kind: local") from exc
-        return SGLangEngine(cfg.url)
+        from envhub.trainer.multi_engine import http_engines
+
+        return http_engines(cfg.url)  # several comma-separated URLs: least-loaded routing over the servers
 
     async def _push_weights(self, model: Any, version: int) -> None:
         """Send the learner's weights to the engine: in-process state for LocalEngine, a saved dir for a server."""
@@ -157,7 +173,13 @@ class Trainer:
         self.engine = self._make_engine(model, tokenizer)
         if step:
             await self._push_weights(model, queue.version)
-        worker = RolloutWorker(self.engine, tokenizer, cfg.rollout)
+        if self.ray is None:
+            self.rollouts = InProcessRollouts(RolloutWorker(self.engine, tokenizer, cfg.rollout), factories)
+        else:
+            from envhub.trainer.ray_workers import RayRolloutSource
+
+            self.rollouts = await RayRolloutSource.start(self.ray, cfg, self.engine)
+        rollouts = self.rollouts
         metrics = MetricsLogger(self.out_dir)
         # rewards of recently finished episodes per task, filtered groups included (they count for the curve)
         window = 2 * algo.groups_per_step * cfg.rollout.group_size
@@ -167,7 +189,7 @@ class Trainer:
         counter = 0
 
         async def run_group(task: TaskConfig, seed: int, group_id: str) -> None:
-            group = await worker.run_group(factories[task.env], task.env, seed, group_id)
+            group = await rollouts.run_group(task, seed, group_id)
             for traj in group or []:
                 finished[traj.task].append(traj.reward)
                 all_finished.append(traj.reward)
@@ -235,6 +257,7 @@ class Trainer:
             for t in list(groups_in_flight):
                 t.cancel()
             await asyncio.gather(producer, *groups_in_flight, return_exceptions=True)
+            await rollouts.close()
             await self.engine.close()
             if saved is None or not saved.name.endswith(f"{step:06d}"):
                 saved = self._save(step, model, tokenizer, learner, queue, sampler)

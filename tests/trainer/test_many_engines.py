@@ -1,0 +1,86 @@
+"""Rollouts spread over two real `envhub serve-engine` servers on 127.0.0.1 (least-loaded routing)."""
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envhub.errors import EngineError
+from envhub.trainer.config import config_from_dict
+from envhub.trainer.engine import SamplingParams
+from envhub.trainer.multi_engine import MultiEngine, http_engines
+from envhub.trainer.train import Trainer
+
+from .test_train_http_engine import free_port
+
+pytest.importorskip("envhub.trainer.sglang_engine")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    ports = [free_port(), free_port()]
+    procs = [subprocess.Popen([sys.executable, "-m", "envhub.cli", "serve-engine", "--model", "tiny", "--port", str(p), "--device", "cpu"],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in ports]
+    yield ",".join(f"http://127.0.0.1:{p}" for p in ports), procs
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def wait_healthy(engine, procs):
+    for _ in range(600):
+        for proc in procs:
+            if proc.poll() is not None:
+                pytest.fail(proc.stderr.read())
+        try:
+            if await engine.health():
+                return
+        except Exception:
+            pass
+        await asyncio.sleep(0.2)
+    pytest.fail("engine servers did not come up")
+
+
+@pytest.mark.slow
+async def test_requests_spread_over_both_servers(two_servers):
+    urls, procs = two_servers
+    engine = http_engines(urls)
+    assert isinstance(engine, MultiEngine) and len(engine.engines) == 2
+    await wait_healthy(engine, procs)
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    results = await asyncio.gather(*[engine.generate([1, 2, 3, 4 + i], sampling) for i in range(12)])
+    served = [r.meta["engine"] for r in results]
+    assert served.count(0) >= 3 and served.count(1) >= 3  # both servers took a real share
+    assert all(len(r.output_ids) == len(r.logprobs) > 0 for r in results)
+    assert engine.load == [0, 0]
+    await engine.close()
+
+
+@pytest.mark.slow
+async def test_training_pushes_weights_to_every_server(two_servers, tmp_path):
+    urls, procs = two_servers
+    probe = http_engines(urls)
+    await wait_healthy(probe, procs)
+    config = config_from_dict({
+        "model": {"name": "tiny"}, "engine": {"kind": "sglang", "url": urls},
+        "tasks": [{"env": "Letters-v0"}],
+        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+        "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
+        "budget": {"steps": 2, "checkpoint_every": 10}, "out_dir": str(tmp_path),
+    })
+    result = await Trainer(config).run()
+    assert result.last_step == 2
+    assert [await e.get_weight_version() for e in probe.engines] == [2, 2]
+    await probe.close()
+
+
+def test_engine_urls_make_one_client_or_a_least_loaded_multi_engine():
+    sglang_engine = pytest.importorskip("envhub.trainer.sglang_engine")
+    assert isinstance(http_engines("http://127.0.0.1:30000"), sglang_engine.SGLangEngine)
+    multi = http_engines("http://a:1, http://b:2,")
+    assert [e.url for e in multi.engines] == ["http://a:1", "http://b:2"]
+    with pytest.raises(EngineError, match="no engine URL"):
+        http_engines(" , ")
