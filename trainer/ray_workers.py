@@ -20,6 +20,7 @@ import envhub
 from envhub.errors import EngineError
 from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
 from envhub.trainer.multi_engine import http_engines
+from envhub.trainer.rollout import first_finished
 from envhub.trainer.trajectory import Trajectory
 
 
@@ -171,20 +172,8 @@ class RayRolloutSource:
 
     async def run_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
         """group_size + redundancy episodes of one seed on the actors; the first group_size to finish are kept."""
-        want = self.rollout.group_size
-        tasks = [asyncio.create_task(self._episode(task, seed, group_id)) for _ in range(want + self.rollout.redundancy)]
-        kept: list[Trajectory] = []
-        pending = set(tasks)
-        try:
-            while pending and len(kept) < want:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                kept += [t.result() for t in done if t.exception() is None and t.result().finish_reason != "error"]
-        finally:
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        return kept[:want] if len(kept) >= want else None
+        episodes = [self._episode(task, seed, group_id) for _ in range(self.rollout.group_size + self.rollout.redundancy)]
+        return await first_finished(episodes, self.rollout.group_size)
 
     async def close(self) -> None:
         """Stop the actors, the engine server and (if this source started it) Ray."""

@@ -173,22 +173,27 @@ class RolloutWorker:
 
         The rest are cancelled (their envs closed). Returns None when too many episodes fail.
         """
-        want = self.config.group_size
-        tasks = [asyncio.create_task(self.run_episode(make_env, task, seed, group_id)) for _ in range(want + self.config.redundancy)]
-        kept: list[Trajectory] = []
-        pending = set(tasks)
-        try:
-            while pending and len(kept) < want:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t.exception() is None and t.result().finish_reason != "error":
-                        kept.append(t.result())
-        finally:
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-        return kept[:want] if len(kept) >= want else None
+        episodes = [self.run_episode(make_env, task, seed, group_id) for _ in range(self.config.group_size + self.config.redundancy)]
+        return await first_finished(episodes, self.config.group_size)
+
+
+async def first_finished(episodes: list[Any], want: int) -> list[Trajectory] | None:
+    """Run episode coroutines concurrently; keep the first `want` that finish without error, cancel the rest.
+
+    Returns None when fewer than `want` succeed. Shared by in-process and Ray rollouts (over-provisioning).
+    """
+    pending = {asyncio.ensure_future(e) for e in episodes}
+    kept: list[Trajectory] = []
+    try:
+        while pending and len(kept) < want:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            kept += [t.result() for t in done if t.exception() is None and t.result().finish_reason != "error"]
+    finally:
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    return kept[:want] if len(kept) >= want else None
 
 
 async def _close(env: Any) -> None:
