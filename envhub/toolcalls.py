@@ -155,7 +155,9 @@ def _validate(call: ToolCall, known: dict[str, Tool], errors: list[str]) -> Tool
     for key, value in call.arguments.items():
         coerced = _coerce(value, props[key])
         if coerced is _INVALID:
-            errors.append(f"{call.name}: argument {key!r} should be {props[key].get('type', 'a value')}, got {json.dumps(value)[:80]}")
+            schema = props[key]
+            expected = "one of " + ", ".join(map(str, schema["enum"])) if "enum" in schema else schema.get("type", "a value")
+            errors.append(f"{call.name}: argument {key!r} should be {expected}, got {json.dumps(value)[:80]}")
             return None
         arguments[key] = coerced
     return ToolCall(call.name, arguments, call.id)

@@ -77,6 +77,18 @@ def test_malformed_calls_become_readable_errors(action, expected):
     assert expected in message and message.startswith("Your action could not be executed")
 
 
+def test_a_value_outside_an_enum_names_the_allowed_values():
+    from typing import Literal
+
+    @tool
+    def turn(side: Literal["left", "right"]) -> str:
+        """Turn."""
+        return side
+
+    parsed = parse_tool_calls('{"name": "turn", "arguments": {"side": "sideways"}}', [turn])
+    assert "argument 'side' should be one of left, right, got \"sideways\"" in parsed.error_message()
+
+
 def test_unclosed_tag_at_the_end_is_still_parsed():
     parsed = parse_tool_calls('<tool_call>{"name": "move", "arguments": {"direction": "up"}}', TOOLS)
     assert parsed.ok and parsed.calls[0].arguments == {"direction": "up"}
