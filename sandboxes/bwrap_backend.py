@@ -19,7 +19,7 @@ from pathlib import Path
 from envhub.errors import SandboxError
 from envhub.sandboxes import cgroups
 from envhub.sandboxes.base import SANDBOX_GID, SANDBOX_UID, WORKDIR, ExecResult, Sandbox, SandboxLimits
-from envhub.sandboxes.process import run_process
+from envhub.sandboxes.process import pid_alive, run_process
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -152,7 +152,7 @@ def remove_orphan_dirs() -> list[str]:
     if base.is_dir():
         for child in base.iterdir():
             owner = child.name.split("-", 1)[0]
-            if owner.isdigit() and cgroups._pid_alive(int(owner)):
+            if owner.isdigit() and pid_alive(int(owner)):
                 alive.add(child.name)
                 continue
             _remove_dir(child, False)

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 from envhub.sandboxes.base import SandboxLimits
+from envhub.sandboxes.process import pid_alive
 
 ROOT = Path("/sys/fs/cgroup")
 PARENT = "envhub-bwrap"
@@ -138,7 +139,7 @@ def remove_orphans(alive: set[str]) -> list[str]:
             if not child.is_dir() or child.name in alive:
                 continue
             owner = child.name.split("-", 1)[0]
-            if owner.isdigit() and _pid_alive(int(owner)):
+            if owner.isdigit() and pid_alive(int(owner)):
                 continue
             try:
                 child.rmdir()
@@ -147,12 +148,3 @@ def remove_orphans(alive: set[str]) -> list[str]:
                 pass
     return removed
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -18,6 +18,7 @@ from typing import Any
 from envhub.errors import SandboxError
 from envhub.sandboxes.base import SANDBOX_GID, SANDBOX_UID, WORKDIR, ExecResult, OutputCap, Sandbox, SandboxLimits
 from envhub.sandboxes.engine_api import EngineAPI
+from envhub.sandboxes.process import pid_alive
 
 LABEL_POOL = "envhub.pool"
 LABEL_OWNER = "envhub.owner_pid"
@@ -179,7 +180,7 @@ def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -
     for container in client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
         labels = container.get("Labels") or {}
         owner = int(labels.get(LABEL_OWNER, "0") or 0)
-        if all_sandboxes or (pool_id is not None and labels.get(LABEL_POOL) == pool_id) or not _pid_alive(owner):
+        if all_sandboxes or (pool_id is not None and labels.get(LABEL_POOL) == pool_id) or not pid_alive(owner):
             try:
                 client.api.remove_container(container["Id"], force=True)
                 removed.append((container.get("Names") or [container["Id"][:12]])[0].lstrip("/"))
@@ -187,14 +188,3 @@ def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -
                 pass  # removed concurrently by its owner
     return removed
 
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

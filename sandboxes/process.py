@@ -108,3 +108,16 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with this pid exists (also one we may not signal); used to find orphans."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
