@@ -25,6 +25,14 @@ from envhub.core import UnicodeText
 OBSERVATION_TEXT_LENGTH = 4096
 
 
+def seed_game(env: Any, seed: int | None) -> None:
+    """Reseed a game's own RNG and each seat's action space (seat i gets seed + i); None keeps the current RNG."""
+    if seed is not None:
+        env.rng = np.random.default_rng(seed)
+        for i, agent in enumerate(env.possible_agents):
+            env.action_spaces[agent].seed(seed + i)
+
+
 class TurnGame(AECEnv):
     """Two seats taking turns; one action per turn from a `Discrete` space."""
 
@@ -101,10 +109,7 @@ class TurnGame(AECEnv):
         return self.action_spaces[agent]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-            for i, agent in enumerate(self.possible_agents):
-                self.action_spaces[agent].seed(seed + i)
+        seed_game(self, seed)
         self.agents = list(self.possible_agents)
         self.history = []
         self._new_state()

@@ -15,6 +15,7 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from envhub.core import UnicodeText
+from envhub.envs.games.base import seed_game
 
 MOVES = ("rock", "paper", "scissors")
 _MOVE = re.compile(r"^\s*(rock|paper|scissors|r|p|s)\b", re.IGNORECASE)
@@ -53,10 +54,7 @@ class RockPaperScissorsEnv(ParallelEnv):
         return None if match is None else "rps".index(match.group(1)[0].lower())
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, dict]]:
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-            for i, agent in enumerate(self.possible_agents):
-                self.action_spaces[agent].seed(seed + i)
+        seed_game(self, seed)
         self.agents = list(self.possible_agents)
         self.history = []
         return self._observations(), self._infos()
