@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,6 +186,9 @@ class TrainConfig:
         return self
 
 
+_YAML11_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _convert(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
@@ -208,6 +212,8 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be true or false, got {value!r}")
         return value
     if hint in (int, float):
+        if isinstance(value, str) and _YAML11_NUMBER.fullmatch(value.strip()):
+            value = float(value)  # PyYAML reads 1e-5 (no dot) as a string; users mean the number
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not float(value).is_integer()):
             raise ConfigError(f"{where} must be {'an integer' if hint is int else 'a number'}, got {value!r}")
         return hint(value)

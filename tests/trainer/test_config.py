@@ -1,5 +1,7 @@
 """YAML configs: defaults, nested tasks, and errors that name the bad key and the fix."""
 
+from pathlib import Path
+
 import pytest
 
 from envhub.errors import ConfigError
@@ -40,3 +42,20 @@ def test_bad_values_are_clear_errors(data, message):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
+    # PyYAML (YAML 1.1) reads `1e-5` as the string "1e-5"; a learning rate written that way must still work
+    path = tmp_path / "c.yaml"
+    path.write_text("tasks: [{env: Letters-v0}]\nalgorithm: {lr: 1e-5, groups_per_step: 2e0}\nsft: {lr: +3E-4}\n")
+    config = load_config(path)
+    assert config.algorithm.lr == pytest.approx(1e-5) and config.sft.lr == pytest.approx(3e-4)
+    assert config.algorithm.groups_per_step == 2 and isinstance(config.algorithm.groups_per_step, int)
+    with pytest.raises(ConfigError, match="must be a number"):
+        config_from_dict({"tasks": [{"env": "Letters-v0"}], "algorithm": {"lr": "fast"}})
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert config.tasks and config.budget.steps > 0

@@ -58,7 +58,7 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
 
         def capture(checkpoint, model, optimizer):
             original(checkpoint, model, optimizer)
-            seen["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+            seen["params"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
             seen["optimizer"] = copy.deepcopy(optimizer.state_dict())
 
         train_module.load_checkpoint = capture
@@ -72,7 +72,7 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     for name, tensor in saved.state_dict().items():
         assert torch.equal(seen["params"][name], tensor), name
     saved_opt = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
-    assert all(torch.equal(seen["optimizer"]["state"][k]["exp_avg"], saved_opt["state"][k]["exp_avg"]) for k in saved_opt["state"])
+    assert all(torch.equal(seen["optimizer"]["state"][k]["exp_avg"].cpu(), saved_opt["state"][k]["exp_avg"].cpu()) for k in saved_opt["state"])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["queue/consumed"] == 6
 

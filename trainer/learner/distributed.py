@@ -117,8 +117,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _backend_and_device(local_rank: int) -> tuple[str, torch.device]:
-    if torch.cuda.is_available():
+def _uses_cuda(config: Any) -> bool:
+    """Whether the learner runs on GPUs: model.device "cuda", or "auto" where CUDA is present ("cpu" = gloo)."""
+    wanted = getattr(config.model, "device", "auto")
+    return wanted != "cpu" and torch.cuda.is_available()
+
+
+def _backend_and_device(local_rank: int, cuda: bool) -> tuple[str, torch.device]:
+    if cuda:
         torch.cuda.set_device(local_rank)
         return "nccl", torch.device("cuda", local_rank)
     return "gloo", torch.device("cpu")
@@ -134,15 +140,15 @@ def start_learner_processes(config: Any) -> DistLearner | None:
     strategy = config.learner.strategy
     if under_torchrun():
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        backend, device = _backend_and_device(int(os.environ.get("LOCAL_RANK", rank)))
+        backend, device = _backend_and_device(int(os.environ.get("LOCAL_RANK", rank)), _uses_cuda(config))
         dist.init_process_group(backend)
         return DistLearner(rank, world, strategy, device)
     world = config.learner.devices
     if world <= 1:
         return None
-    if torch.cuda.is_available() and torch.cuda.device_count() < world:
+    if _uses_cuda(config) and torch.cuda.device_count() < world:
         raise ConfigError(f"learner.devices is {world} but only {torch.cuda.device_count()} GPUs are visible",
-                          hint="lower learner.devices or set CUDA_VISIBLE_DEVICES")
+                          hint="lower learner.devices, set CUDA_VISIBLE_DEVICES, or set model.device: cpu for gloo processes")
     from envhub.trainer.config import config_to_dict
 
     address = f"tcp://127.0.0.1:{_free_port()}"
@@ -151,7 +157,7 @@ def start_learner_processes(config: Any) -> DistLearner | None:
                  for rank in range(1, world)]
     for process in processes:
         process.start()
-    backend, device = _backend_and_device(0)
+    backend, device = _backend_and_device(0, _uses_cuda(config))
     dist.init_process_group(backend, init_method=address, rank=0, world_size=world)
     return DistLearner(0, world, strategy, device, processes)
 
@@ -190,6 +196,6 @@ def _follower_main(rank: int, world: int, address: str, config_data: dict[str, A
     from envhub.trainer.config import config_from_dict
 
     config = config_from_dict(config_data)
-    backend, device = _backend_and_device(rank)
+    backend, device = _backend_and_device(rank, _uses_cuda(config))
     dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
     run_follower(config, DistLearner(rank, world, config.learner.strategy, device))

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def config(devices, strategy="ddp", **algorithm):
     return config_from_dict({
-        "model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}],
+        "model": {"name": "tiny", "device": "cpu"}, "tasks": [{"env": "Letters-v0"}],
         "algorithm": {"lr": 1e-4, "max_tokens_per_micro_batch": 96, "micro_batch_size": 0, **algorithm},
         "learner": {"devices": devices, "strategy": strategy},
     })
@@ -69,7 +69,7 @@ def test_two_processes_take_the_single_process_step(strategy):
 def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_path, strategy):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        "model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, max_turns: 1}\n"
+        "model: {name: tiny, device: cpu}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, max_turns: 1}\n"
         "algorithm: {groups_per_step: 2, lr: 0.01, filter_zero_variance: false}\n"
         f"learner: {{devices: 2, strategy: {strategy}}}\n"
         f"budget: {{steps: 2, checkpoint_every: 1}}\nout_dir: {tmp_path / 'run'}\n"
@@ -93,3 +93,17 @@ def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "run").step == 4
+
+
+def test_gpu_count_is_checked_only_for_cuda_learners(monkeypatch):
+    # found on an H100 machine: `model.device: cpu` with 2 gloo learners was refused for having 1 GPU
+    from envhub.errors import ConfigError
+    from envhub.trainer.learner import distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert distributed._uses_cuda(config(2)) is False  # model.device: cpu
+    auto = config_from_dict({"model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}], "learner": {"devices": 2}})
+    assert distributed._uses_cuda(auto) is True
+    with pytest.raises(ConfigError, match="only 1 GPUs are visible"):
+        start_learner_processes(auto)
