@@ -134,8 +134,15 @@ class MathEnv(AgentEnv):
         return self.problem.answer
 
     def oracle_action(self) -> str | None:
-        """A reply with the correct answer, e.g. "\\boxed{7/3}"; None when the episode is over."""
-        return None if self.problem is None or self.done else f"\\boxed{{{format_number(self.answer)}}}"
+        """A reply with the correct answer, after the problem's worked steps when it has them, e.g.
+        "4 x 9 = 36, 5 x 7 = 35, 36 + 35 = 71. \\boxed{71}" or "\\boxed{7/3}"; None when the episode is over.
+
+        Expert episodes (`envhub collect`, the trainer's `sft:` stage) teach what the oracle writes: the working
+        shows a small model how to reach the number, not only where to put it."""
+        if self.problem is None or self.done:
+            return None
+        boxed = f"\\boxed{{{format_number(self.answer)}}}"
+        return f"{self.problem.working} {boxed}" if self.problem.working else boxed
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ class Problem:
     kind: str
     question: str
     answer: Fraction
+    working: str = ""  #: a short worked solution ending before the answer, e.g. "4 x 9 = 36, 5 x 7 = 35, 36 + 35 = 71."
 
 
 def format_number(value: Fraction) -> str:
@@ -42,6 +43,11 @@ def format_number(value: Fraction) -> str:
     return f"{value.numerator}/{value.denominator}"
 
 
+def _dollars(cents: int | Fraction) -> str:
+    """An amount in cents as a plain number of dollars for worked steps: 900 -> 9, 1550 -> 15.5."""
+    return format_number(Fraction(cents) / 100)
+
+
 def _money(cents: int) -> str:
     return f"${cents // 100}.{cents % 100:02d}" if cents % 100 else f"${cents // 100}"
 
@@ -51,22 +57,29 @@ def arithmetic(rng: random.Random, difficulty: int) -> Problem:
     name = rng.choice(NAMES)
     items = rng.sample(ITEMS, 1 + min(difficulty, 2))
     step = 100 if difficulty == 1 else 50
-    lines, total = [], 0
+    lines, total, steps, subtotals = [], 0, [], []
     for singular, plural in items:
         count, price = rng.randint(2, 3 + 2 * difficulty), rng.randrange(step, 800 + 400 * difficulty, step)
         lines.append(f"{count} {plural} at {_money(price)} each")
         total += count * price
+        steps.append(f"{count} x {_dollars(price)} = {_dollars(count * price)}")
+        subtotals.append(_dollars(count * price))
+    steps.append(f"{' + '.join(subtotals)} = {_dollars(total)}")
     bought = ", ".join(lines[:-1]) + " and " + lines[-1]
     if difficulty == 1:
-        return Problem("arithmetic", f"{name} buys {bought}. How much does {name} spend in total, in dollars?", Fraction(total, 100))
+        return Problem("arithmetic", f"{name} buys {bought}. How much does {name} spend in total, in dollars?", Fraction(total, 100),
+                       ", ".join(steps) + ".")
     text = f"{name} buys {bought}."
     if difficulty == 3:
         discount = rng.choice((10, 20, 50))  # keeps the bill in whole cents
         text += f" The shop takes {discount}% off the whole bill."
+        before = total
         total = Fraction(total * (100 - discount), 100)
+        steps.append(f"{_dollars(before)} x {format_number(Fraction(100 - discount, 100))} = {_dollars(total)}")
     bill = 2000 * (int(total) // 2000 + 1)
     text += f" {name} pays with {_money(bill)}. How much change does {name} get back, in dollars?"
-    return Problem("arithmetic", text, Fraction(bill - total, 100))
+    steps.append(f"{_dollars(bill)} - {_dollars(total)} = {_dollars(bill - total)}")
+    return Problem("arithmetic", text, Fraction(bill - total, 100), ", ".join(steps) + ".")
 
 
 def rates(rng: random.Random, difficulty: int) -> Problem:

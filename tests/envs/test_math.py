@@ -97,3 +97,44 @@ def test_bad_kwargs_are_rejected_with_the_choices():
         MathEnv(kind="calculus")
     with pytest.raises(ValueError, match="difficulty"):
         MathEnv(difficulty=7)
+
+
+def _check_working(working: str) -> Fraction:
+    """Every `a op b [op c] = r` step of a worked solution is true; returns the last result."""
+    import re
+
+    result = None
+    for step in working.rstrip(".").split(", "):
+        left, right = step.split(" = ")
+        value = None
+        for op, number in re.findall(r"(^|[x+-]) ?([0-9.]+)", left.strip()):
+            number = Fraction(number)
+            value = number if value is None else {"x": value * number, "+": value + number, "-": value - number}[op]
+        assert value == Fraction(right), step
+        result = value
+    return result
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_arithmetic_oracle_shows_true_working_then_the_answer(difficulty):
+    env = envhub.make("Math-v0", kind="arithmetic", difficulty=difficulty)
+    for seed in range(20):
+        env.reset(seed=seed)
+        problem = env.unwrapped.problem
+        action = env.unwrapped.oracle_action()
+        assert action.startswith(problem.working) and action.endswith(f"\\boxed{{{format_number(problem.answer)}}}")
+        assert _check_working(problem.working) == problem.answer
+        assert env.step(action)[1] == 1.0
+
+
+def test_worked_solutions_leave_the_problems_of_a_seed_unchanged():
+    import random
+
+    from envhub.envs.math_problems import generate
+
+    # the generator drew these before worked solutions existed: same seed, same question and answer
+    p = generate("arithmetic", 1, random.Random(0))
+    assert p.question.startswith("Mateo buys 4 mugs at $9 each and 5 notebooks at $7 each") and p.answer == 71
+    p = generate("arithmetic", 3, random.Random(1))
+    assert "9 pens at $15.50 each" in p.question and p.answer == Fraction(17, 20)
+    assert generate("linear", 2, random.Random(0)).working == ""  # other kinds: bare boxed answers
