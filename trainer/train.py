@@ -12,6 +12,7 @@ import copy
 import json
 import random
 import shutil
+import sys
 import time
 import traceback
 
@@ -72,6 +73,26 @@ def env_factory(task: TaskConfig) -> EnvFactory:
         return lambda: remote_env(task.remote, task.env, **task.kwargs)
     envhub.spec(task.env)  # fail early, with suggestions, on an unknown id
     return lambda: envhub.make(task.env, **task.kwargs)
+
+
+def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
+    """A warning when async steps keep training on stale samples most of whose tokens the PPO clip discards.
+
+    With `max_staleness` >= 1 a batch comes from the policy one step (or more) back; when one step moves the
+    policy far (a high lr), the ratio to that behaviour policy leaves the clip range for most tokens, their
+    gradient is zero, and the run learns far less than the same config in sync mode.
+    """
+    recent = history[-window:]
+    if mode != "async" or len(recent) < window:
+        return None
+    if all(r.get("staleness", 0) > 0.5 and r.get("learner/clip_fraction", 0) > max_clip for r in recent):
+        clip = sum(r["learner/clip_fraction"] for r in recent) / window
+        kl = recent[-1].get("learner/kl_behavior", float("nan"))
+        return (f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
+                f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "
+                "too far for off-policy samples to teach. Lower algorithm.lr, or set algorithm.mode: sync or "
+                "algorithm.max_staleness: 0.")
+    return None
 
 
 def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
@@ -260,6 +281,7 @@ class Trainer:
 
         producer = asyncio.create_task(produce())
         history: list[dict[str, Any]] = []
+        warned_off_policy = False
         saved: Path | None = None
         interrupted = False
         try:
@@ -302,6 +324,9 @@ class Trainer:
                 row["tasks"] = recorder.task_metrics()
                 metrics.log(step, row)
                 history.append(row)
+                if not warned_off_policy and (warning := off_policy_warning(history, algo.mode)):
+                    warned_off_policy = True
+                    print(warning, file=sys.stderr, flush=True)
                 if self.on_step is not None:
                     self.on_step(row)
                 if step % cfg.budget.checkpoint_every == 0 or step == cfg.budget.steps:

@@ -125,3 +125,17 @@ async def test_mean_reward_rises_clearly_within_a_minute(tmp_path):
     late = max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2))  # best 3-step window
     print(f"reward {early:.3f} -> {late:.3f} in {time.monotonic() - started:.1f}s over {result.last_step} steps")
     assert late > early + 0.08, rewards  # seen: 0.37 -> 0.49..0.58 in 25-35 s
+
+
+def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
+    from envhub.trainer.train import off_policy_warning
+
+    clipped = {"staleness": 1.0, "learner/clip_fraction": 0.95, "learner/kl_behavior": 1895.0}
+    fine = {"staleness": 1.0, "learner/clip_fraction": 0.02, "learner/kl_behavior": 1e-4}
+    message = off_policy_warning([fine, clipped, clipped, clipped], "async")
+    assert message is not None and "95%" in message and "Lower algorithm.lr" in message and "1.9e+03" in message
+    assert off_policy_warning([clipped, clipped, clipped], "sync") is None  # sync samples are never stale
+    assert off_policy_warning([clipped, clipped, fine], "async") is None  # a step that learned: no warning
+    assert off_policy_warning([clipped, clipped], "async") is None  # too early to tell
+    on_policy = dict(clipped, staleness=0.0)
+    assert off_policy_warning([on_policy] * 3, "async") is None
