@@ -282,6 +282,7 @@ class Trainer:
         producer = asyncio.create_task(produce())
         history: list[dict[str, Any]] = []
         warned_off_policy = False
+        ended_cleanly = False
         saved: Path | None = None
         interrupted = False
         try:
@@ -336,6 +337,7 @@ class Trainer:
                     break
             if interrupted:
                 self.stop_reason = "interrupted"
+            ended_cleanly = True
         finally:
             producer.cancel()
             for t in list(groups_in_flight):
@@ -349,7 +351,9 @@ class Trainer:
             if step > first_step:  # no step, no curve (and no file named that was never written)
                 metrics.plot_rewards()
             metrics.close()
-            if eval_model is not None and not interrupted:  # gathered before the learner processes go
+            # gathered before the learner processes go; not after a crash, where a collective could wait forever
+            # on a dead process and the evaluation would not run anyway
+            if eval_model is not None and not interrupted and ended_cleanly:
                 final_state = await asyncio.to_thread(learner.engine_state, torch.float32)
             if self.learner_group is not None:
                 self.learner_group.shutdown()

@@ -139,3 +139,27 @@ def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
     assert off_policy_warning([clipped, clipped], "async") is None  # too early to tell
     on_policy = dict(clipped, staleness=0.0)
     assert off_policy_warning([on_policy] * 3, "async") is None
+
+
+async def test_a_crash_mid_run_keeps_the_checkpoint_and_skips_the_final_evaluation(tmp_path, monkeypatch):
+    from envhub.trainer.learner.step import Learner
+
+    config = tiny_config(tmp_path)
+    config.budget.steps, config.budget.checkpoint_every, config.evaluation.episodes = 5, 100, 2
+    gathered = []
+    original_state = Learner.engine_state
+    monkeypatch.setattr(Learner, "engine_state", lambda self, dtype=None: gathered.append(dtype) or original_state(self, dtype))
+    original_row = Trainer._row
+
+    def row_then_crash(self, step, *args):
+        if step == 2:
+            raise RuntimeError("metrics backend died")
+        return original_row(self, step, *args)
+
+    monkeypatch.setattr(Trainer, "_row", row_then_crash)
+    with pytest.raises(RuntimeError, match="metrics backend died"):
+        await Trainer(config).run()
+    assert latest_checkpoint(tmp_path).step == 2  # the step that was taken is saved on the way out
+    assert torch.float32 not in gathered  # no final-evaluation gather (a collective) after a crash
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert "before" in report["overall"] and "after" not in report["overall"]
