@@ -25,7 +25,8 @@ def as_tool_call(action: str, tools: list[dict[str, Any]] | None, *, only_named:
     """An oracle's plain action ("right", "[crane]", "click[Buy Now]") as a call of the env's matching tool.
 
     `name[argument]` calls the tool `name`; any other action calls the env's only tool, unless `only_named`.
-    Actions that name no tool (e.g. Math's "\\boxed{7}") and written tool calls are returned unchanged.
+    Final answers written as text (anything with a `\\boxed{}`, e.g. Math's "4 x 9 = 36, ... \\boxed{71}") and
+    written tool calls are returned unchanged.
     """
     functions = {t["function"]["name"]: t["function"] for t in tools or []}
     if "<tool_call>" in action:
@@ -33,7 +34,7 @@ def as_tool_call(action: str, tools: list[dict[str, Any]] | None, *, only_named:
     match = _BRACKETED.match(action)
     name, argument = (match.group(1), match.group(2)) if match and match.group(1) in functions else (None, action.strip().strip("[]"))
     if name is None:
-        if only_named or len(functions) != 1 or action.strip().startswith("\\"):
+        if only_named or len(functions) != 1 or "\\boxed{" in action or action.strip().startswith("\\"):
             return action
         name = next(iter(functions))
     params = list(functions[name]["parameters"].get("properties", {}))

@@ -46,6 +46,15 @@ def test_oracle_actions_become_calls_of_the_envs_tools():
              {"function": {"name": "click", "parameters": {"properties": {"target": {}}}}}]
     assert json.loads(as_tool_call("click[Buy Now]", tools)[11:-12]) == {"name": "click", "arguments": {"target": "Buy Now"}}
     assert as_tool_call("\\boxed{7}", [tools[0]]) == "\\boxed{7}"
+    worked = "2 x 3 = 6, 2 x 4 = 8, 6 + 8 = 14. \\boxed{14}"  # a final answer in text is not a call of the only tool
+    assert as_tool_call(worked, [tools[0]]) == worked
+    assert json.loads(as_tool_call("right", [tools[0]])[11:-12]) == {"name": "search", "arguments": {"query": "right"}}
+
+
+async def test_math_demonstrations_are_worked_text_answers(tmp_path):
+    (demo,) = await collect("Math-v0", 1, tmp_path / "m.jsonl", kind="arithmetic", difficulty=1)
+    answer = demo.messages[-1]["content"]
+    assert demo.reward == 1.0 and "<tool_call>" not in answer and " x " in answer and answer.endswith("}")
 
 
 async def test_layout_matches_the_chat_template_and_masks_only_assistant_turns(tokenizer, tmp_path):
