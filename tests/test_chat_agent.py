@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -198,14 +199,24 @@ def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, t
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "envhub.cli", "eval", "Math-v0", "--agent", f"openai:{openai_server.base_url}#{openai_server.model}",
             "-n", "400", "--concurrency", "2", "--max-tokens", "2", "--out", str(out), "--quiet"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def default_sigint() -> None:  # earlier tests in this pytest process may leave SIGINT ignored or blocked,
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and a child inherits both across exec
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     log = out / "episodes.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 3):
         time.sleep(0.1)
     assert process.poll() is None, "the run ended before it could be interrupted; the test needs more episodes"
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    masks = " ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"envhub eval ignored SIGINT for 60 s (signal masks before it was sent: {masks})")
     assert process.returncode == 130 and "interrupted" in err
     kept = [json.loads(line) for line in log.read_text().splitlines()]  # every line whole
     assert 3 <= len(kept) < 400 and all(r["error_kind"] is None for r in kept)
