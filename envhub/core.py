@@ -107,7 +107,28 @@ def _overrides(cls: type, name: str) -> bool:
     return getattr(cls, name) is not getattr(AgentEnv, name)
 
 
-class AgentEnv(gym.Env[str, str]):
+class TextRender:
+    """`render()` for envs that draw themselves as text: returned in "ansi" mode, printed in "human" mode.
+
+    Shared by `AgentEnv` and the multi-agent (PettingZoo) games; a class sets `render_mode` and overrides
+    `render_text`.
+    """
+
+    render_mode: str | None = None
+
+    def render(self) -> str | None:
+        text = self.render_text()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def render_text(self) -> str:
+        """The current state as text (ANSI render mode); envs override this."""
+        return ""
+
+
+class AgentEnv(TextRender, gym.Env[str, str]):
     """A text environment for LLM agents: observations and actions are strings.
 
     `info` from reset carries `system_prompt` and `tools` (OpenAI-style JSON schemas of the tools
@@ -176,16 +197,6 @@ class AgentEnv(gym.Env[str, str]):
         """The reset `info` every env returns: system prompt and tool schemas, plus `extra`."""
         return {"system_prompt": self.system_prompt, "tools": [t.schema for t in self.tools], **extra}
 
-    def render(self) -> str | None:
-        text = self.render_text()
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
-
-    def render_text(self) -> str:
-        """The current state as text (ANSI render mode); envs override this."""
-        return ""
 
 
 AgentEnv.__abstract__ = True  # type: ignore[attr-defined]

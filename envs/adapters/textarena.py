@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-from envhub.core import AgentEnv, UnicodeText
+from envhub.core import AgentEnv, TextRender, UnicodeText
 from envhub.envs.adapters.family import AdapterUnavailable, Family, UpstreamError, installed_version, no_downloads, register_family, require, upstream
 from envhub.errors import ConfigError, ResetNeeded
 
@@ -196,7 +196,7 @@ class TextArenaEnv(AgentEnv):
         return self._last
 
 
-class TextArenaGame(AECEnv):
+class TextArenaGame(TextRender, AECEnv):
     """A TextArena game of two or more players as a PettingZoo AEC env with text observations and actions."""
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "name": "textarena", "is_parallelizable": False}
@@ -275,13 +275,6 @@ class TextArenaGame(AECEnv):
 
     def observe(self, agent: str) -> dict[str, Any]:
         return {"text": self._texts.get(agent, "")}
-
-    def render(self) -> str | None:
-        text = self.render_text()
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
 
     def render_text(self) -> str:
         return self._texts.get(self.agent_selection, "") if self.agents else ""

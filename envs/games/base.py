@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
-from envhub.core import UnicodeText
+from envhub.core import TextRender, UnicodeText
 
 OBSERVATION_TEXT_LENGTH = 4096
 
@@ -33,7 +33,7 @@ def seed_game(env: Any, seed: int | None) -> None:
             env.action_spaces[agent].seed(seed + i)
 
 
-class TurnGame(AECEnv):
+class TurnGame(TextRender, AECEnv):
     """Two seats taking turns; one action per turn from a `Discrete` space."""
 
     reward_doc: ClassVar[str] = "+1 to the winner and -1 to the loser when the game ends, 0 each for a draw; 0 on every other turn."
@@ -152,13 +152,6 @@ class TurnGame(AECEnv):
     def observe(self, agent: str) -> dict[str, Any]:
         seat = self.possible_agents.index(agent)
         return {"observation": self.observe_array(seat), "action_mask": self.action_mask(agent), "text": self.observe_text(seat)}
-
-    def render(self) -> str | None:
-        text = self.render_text()
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
 
     def close(self) -> None:
         pass
