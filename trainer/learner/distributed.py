@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from envhub.errors import ConfigError
+from envhub.trainer.learner.precision import resolve_device
 
 FOLLOWER_CALLS = {"step": "local_step", "engine_state": "local_engine_state", "checkpoint_state": "local_checkpoint_state",
                   "broadcast_state": "local_broadcast_state", "load_sharded": "local_load_sharded"}
@@ -118,9 +119,8 @@ def _free_port() -> int:
 
 
 def _uses_cuda(config: Any) -> bool:
-    """Whether the learner runs on GPUs: model.device "cuda", or "auto" where CUDA is present ("cpu" = gloo)."""
-    wanted = getattr(config.model, "device", "auto")
-    return wanted != "cpu" and torch.cuda.is_available()
+    """Whether the learner runs on GPUs (nccl): model.device "cuda", or "auto" where CUDA is present ("cpu" = gloo)."""
+    return resolve_device(config.model.device).type == "cuda"
 
 
 def _backend_and_device(local_rank: int, cuda: bool) -> tuple[str, torch.device]:

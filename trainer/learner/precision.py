@@ -40,9 +40,16 @@ class Precision:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
 
+def resolve_device(device: str = "auto") -> torch.device:
+    """The torch device for a `model.device` value: "auto" is CUDA where present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def resolve_precision(device: str = "auto", dtype: str = "auto") -> Precision:
     """Precision for `model.device` / `model.dtype` config values; fp16 is refused with the fix."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else ("cpu" if device == "auto" else device))
+    dev = resolve_device(device)
     if dtype == "auto":
         chosen = torch.bfloat16 if dev.type == "cuda" else torch.float32
     elif dtype in ("float16", "fp16", "half"):
