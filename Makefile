@@ -15,7 +15,7 @@ install: $(STAMP) docker-engine
 system-packages:
 	@bash scripts/install-system.sh $(APT_PACKAGES)
 
-$(STAMP): pyproject.toml | system-packages
+$(STAMP): pyproject.toml setup.py | system-packages
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0  # first, so the CPU wheel is used
@@ -40,7 +40,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: install base-image
-	$(BIN)/envhub train configs/demo.yaml  # scripted env episodes: $(BIN)/python -m envhub.demo
+	$(BIN)/envhub train configs/demo.yaml  # scripted env episodes: $(BIN)/python -m envhub.cli.demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -68,7 +68,7 @@ def openenv_pair(seconds: float, rounds: int) -> dict[str, Any]:
     """Sokoban-v0 in process vs the same env behind `envhub serve --protocol openenv` driven by OpenEnvEnv."""
     from aiohttp import web
 
-    from envhub.openenv_server import OpenEnvServer
+    from envhub.server.openenv_server import OpenEnvServer
 
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(OpenEnvServer("Sokoban-v0").app())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.models import load_model
 

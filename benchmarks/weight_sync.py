@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.server import start_engine_server
 from envhub.trainer.engines.sglang import SGLangEngine

@@ -49,7 +49,7 @@ def register_builtin_envs() -> None:
     )
     register(
         "Letters-v0",
-        "envhub.trainer.letters_env:LettersEnv",
+        "envhub.envs.letters:LettersEnv",
         max_episode_steps=8,
         tags=("toy", "single-agent"),
         description="Reply using only the given letters; dense reward. A warm-up task for trainer tests and CI.",

@@ -31,7 +31,7 @@ def start_server(**limits) -> tuple[RunningServer, callable]:
     """Start an EnvServer on 127.0.0.1 (port chosen by the OS); returns it and a stop function."""
     from aiohttp import web
 
-    from envhub.server import EnvServer
+    from envhub.server.env_server import EnvServer
 
     server = EnvServer(**limits)
     loop = asyncio.new_event_loop()

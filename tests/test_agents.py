@@ -39,7 +39,7 @@ async def test_expert_resolves_a_swe_task_with_the_gold_patch(docker_pool):
 
 
 async def test_expert_without_a_solver_is_a_clear_episode_error():
-    envhub.register("NoSolverEval-v0", "envhub.trainer.letters_env:LettersEnv", tags=("test",))
+    envhub.register("NoSolverEval-v0", "envhub.envs.letters:LettersEnv", tags=("test",))
     env = envhub.make("NoSolverEval-v0")
     agent = ExpertAgent()
     with pytest.raises(AgentError, match="needs the env object"):
@@ -82,7 +82,7 @@ async def test_engine_agent_builds_the_same_tokens_as_the_rollout(tiny):
     """A greedy EngineAgent episode is token for token the trainer's rollout of the same episode."""
     from envhub.agents import EngineAgent
     from envhub.trainer.config import RolloutConfig
-    from envhub.trainer.engines.base import SamplingParams
+    from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.rollout import RolloutWorker
 
@@ -105,7 +105,7 @@ async def test_engine_agent_builds_the_same_tokens_as_the_rollout(tiny):
 async def test_engine_agent_drops_oldest_turns_with_a_marker(tiny):
     from envhub.agents import EngineAgent
     from envhub.agents.chat import CONTEXT_MARKER
-    from envhub.trainer.engines.base import SamplingParams
+    from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
 
     model, tokenizer = tiny

@@ -35,7 +35,7 @@ async def test_replies_come_from_the_model_through_its_chat_template(openai_serv
     tokenizer = openai_server.tokenizer
     messages = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": obs}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-    from envhub.trainer.engines.base import SamplingParams
+    from envhub.inference import SamplingParams
 
     sent = chat_requests(openai_server)[0]
     assert sent["messages"] == messages and sent["temperature"] == 0.0 and "tools" not in sent
@@ -197,7 +197,7 @@ def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, t
 
     openai_server.faults.delay_s = 0.4
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "envhub.cli", "eval", "Math-v0", "--agent", f"openai:{openai_server.base_url}#{openai_server.model}",
+    argv = [sys.executable, "-m", "envhub.cli.main", "eval", "Math-v0", "--agent", f"openai:{openai_server.base_url}#{openai_server.model}",
             "-n", "400", "--concurrency", "2", "--max-tokens", "2", "--out", str(out), "--quiet"]
     def default_sigint() -> None:  # earlier tests in this pytest process may leave SIGINT ignored or blocked,
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and a child inherits both across exec

@@ -50,7 +50,7 @@ def code_blocks(markdown: str) -> list[Block]:
 
 def envhub_has(*argv: str, needle: str) -> bool:
     """Whether `envhub ARGV --help` mentions `needle` (a command or flag of this checkout)."""
-    done = subprocess.run([sys.executable, "-m", "envhub.cli", *argv, "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", *argv, "--help"], capture_output=True, text=True, timeout=120)
     return needle in done.stdout
 
 
@@ -106,9 +106,9 @@ class Runner:
             elif argv[:2] == ["envhub", "eval"]:
                 if not envhub_has(needle="eval"):
                     return "`envhub eval` is not in this checkout (it lands with the evaluation branch)"
-                self.call([sys.executable, "-m", "envhub.cli", *argv[1:]])
+                self.call([sys.executable, "-m", "envhub.cli.main", *argv[1:]])
             elif argv[0] == "envhub":
-                self.call([sys.executable, "-m", "envhub.cli", *argv[1:]])
+                self.call([sys.executable, "-m", "envhub.cli.main", *argv[1:]])
             else:
                 pytest.fail(f"the docs test does not know how to run {line!r} (line {block.line})")
         return ""
@@ -119,7 +119,7 @@ class Runner:
 
     def serve(self, argv: list[str]) -> None:
         port = argv[argv.index("--port") + 1] if "--port" in argv else "8765"
-        server = subprocess.Popen([sys.executable, "-m", "envhub.cli", *argv[1:]], cwd=self.workdir, env=self.env,
+        server = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", *argv[1:]], cwd=self.workdir, env=self.env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.servers.append(server)
         deadline = time.monotonic() + 120

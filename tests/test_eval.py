@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 
 from envhub.agents import Agent, ExpertAgent, RandomAgent
-from envhub.cli import main
+from envhub.cli.main import main
 from envhub.errors import ConfigError
 from envhub.eval import EvalConfig, EpisodeLog, evaluate, pass_at_k, summarize
 

@@ -16,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envhub
 from envhub import RemoteEnv, RemoteError
-from envhub.server import json_safe
+from envhub.server.env_server import json_safe
 
 OWN_IDS = ["TicTacToe-SelfPlay-v0", "ConnectFour-SelfPlay-v0", "KuhnPoker-SelfPlay-v0"]
 
@@ -194,7 +194,7 @@ def served_process():
     """`envhub serve` in a subprocess, which the test may kill."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envhub.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "envhub.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert "serving every registered env" in proc.stdout.readline()
@@ -265,7 +265,7 @@ def test_one_client_works_from_sync_code_and_from_several_event_loops(env_server
 
 
 def test_serve_on_a_busy_port_is_one_clear_line(capsys):
-    from envhub.cli import main
+    from envhub.cli.main import main
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from typing import Any
 
 import envhub
 from envhub.trainer.config import config_from_dict
-from envhub.trainer.letters_env import LettersEnv
+from envhub.envs.letters import LettersEnv
 from envhub.trainer.train import Trainer
 
 BENCH_ENV = "SlowLetters-v0"

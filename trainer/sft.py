@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from envhub.errors import ConfigError
-from envhub.trainer.rollout import ChatTokens
+from envhub.chat_tokens import ChatTokens
 
 
 @dataclass

@@ -26,7 +26,7 @@ import envhub
 from envhub.errors import ConfigError
 from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from envhub.trainer.config import ModelConfig, TaskConfig, TrainConfig, config_to_dict
-from envhub.trainer.engines.base import InferenceEngine
+from envhub.inference import InferenceEngine
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.precision import export_weights, resolve_precision

@@ -24,8 +24,8 @@ class EngineAgent(Agent):
     name = "engine"
 
     def __init__(self, engine: Any, tokenizer: Any, sampling: Any = None, *, max_total_tokens: int = 4096) -> None:
-        from envhub.trainer.engines.base import SamplingParams
-        from envhub.trainer.rollout import chat_stop_ids
+        from envhub.inference import SamplingParams
+        from envhub.chat_tokens import chat_stop_ids
 
         self.engine, self.tokenizer = engine, tokenizer
         self.stop_ids = chat_stop_ids(tokenizer)
@@ -35,7 +35,7 @@ class EngineAgent(Agent):
         self.reset({})
 
     def reset(self, info: dict[str, Any]) -> None:
-        from envhub.trainer.rollout import ChatTokens
+        from envhub.chat_tokens import ChatTokens
 
         self.tools = info.get("tools") or None
         self.chat = ChatTokens(self.tokenizer, tools=self.tools)

@@ -83,7 +83,7 @@ def make_agent_factory(
 def engine_factory(spec: str, model: str, *, max_tokens: int, temperature: float, max_total_tokens: int, device: str | None = None) -> AgentFactory:
     """Agents over one embedded `LocalEngine` (batched across concurrent episodes) serving `model`."""
     from envhub.agents.engine import EngineAgent
-    from envhub.trainer.engines.base import SamplingParams
+    from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
 
     engine = LocalEngine.from_pretrained(model, device=device)

@@ -1,6 +1,6 @@
 """Offline images: the base image is cached by content hash; derived images add files on top."""
 
-from envhub.cli import main as cli_main
+from envhub.cli.main import main as cli_main
 from envhub.sandboxes import SandboxPool, base_image_tag, build_base_image, build_derived_image
 from envhub.sandboxes.images import recipe_hash
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from envhub.cli import main as cli_main
+from envhub.cli.main import main as cli_main
 from envhub.sandboxes import PoolMetrics, SandboxPool
 from envhub.sandboxes.docker_backend import LABEL_OWNER, LABEL_SANDBOX, shared_client
 

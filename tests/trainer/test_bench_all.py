@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_bench_all_quick_writes_every_section_with_same_run_ratios(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "envhub.cli", "bench", "all", "--quick", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "envhub.cli.main", "bench", "all", "--quick", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.trainer.config import config_from_dict
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.routing import MultiEngine, http_engines
 from envhub.trainer.train import Trainer
 
@@ -27,7 +27,7 @@ def weights_root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_servers(weights_root):
     ports = [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "envhub.cli", "serve-engine", "--model", "tiny", "--port", str(p), "--device", "cpu",
+    procs = [subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(p), "--device", "cpu",
                                "--allow-weights-dir", str(weights_root)],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in ports]
     yield ",".join(f"http://127.0.0.1:{p}" for p in ports), procs

@@ -48,7 +48,7 @@ def test_ci_tiny_with_a_kwarg_typo_fails_in_seconds_naming_task_kwarg_and_fix(tm
     path = tmp_path / "bad.yaml"
     path.write_text(config)
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "envhub.cli", "train", str(path), "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(path), "--out", str(out)],
                             cwd=REPO, capture_output=True, text=True, timeout=120)  # the old behaviour hung here
     assert result.returncode == 2
     first = next(line for line in result.stderr.splitlines() if line.startswith("envhub: error:"))
@@ -119,7 +119,7 @@ def test_ctrl_c_before_the_first_step_names_no_file_that_was_never_written(tmp_p
     out = tmp_path / "run"
     config.write_text("model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 2, max_turns: 1}\n"
                       f"budget: {{steps: 1000}}\nout_dir: {out}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "train", str(config)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "train", str(config)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "config.json").exists():  # written once the run (and its Ctrl-C handler) has started

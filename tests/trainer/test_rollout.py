@@ -6,7 +6,8 @@ import pytest
 
 import envhub
 from envhub.trainer.config import RolloutConfig
-from envhub.trainer.rollout import ChatTokens, RolloutWorker
+from envhub.chat_tokens import ChatTokens
+from envhub.trainer.rollout import RolloutWorker
 
 
 def recording(engine_cls, model, tokenizer):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from envhub.cli import main
+from envhub.cli.main import main
 from envhub.errors import ConfigError
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.collect import as_tool_call, collect
@@ -25,7 +25,7 @@ def test_collect_cli_writes_solved_episodes_with_tool_calls(tmp_path, capsys):
     assert call.name == "move" and call.arguments["direction"] in ("up", "down", "left", "right")
     assert records[0]["tools"][0]["function"]["name"] == "move"
     import envhub
-    from tests.test_cli import Echo
+    from tests.cli.test_main import Echo
 
     envhub.register("NoSolverCollect-v0", Echo, kwargs={"limit": 2})
     assert main(["collect", "NoSolverCollect-v0", "-n", "1", "--out", str(tmp_path / "x.jsonl")]) == 2

@@ -88,7 +88,7 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
         "model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 4, max_new_tokens: 4, max_turns: 1}\n"
         f"algorithm: {{groups_per_step: 2, lr: 0.01}}\nbudget: {{steps: 10000, checkpoint_every: 100000}}\nout_dir: {tmp_path / 'run'}\n"
     )
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "train", str(cfg)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "train", str(cfg)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 120
@@ -102,7 +102,7 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
     assert ckpt is not None and ckpt.step >= 2
     done = len(metrics.read_text().splitlines())
     assert ckpt.step == done  # the checkpoint holds the last finished step
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli", "train", str(cfg), "--resume", "--steps", str(done + 1)],
+    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", str(done + 1)],
                              cwd=REPO, capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == done + 1

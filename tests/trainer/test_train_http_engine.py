@@ -24,7 +24,7 @@ def free_port():
 @pytest.fixture
 def tiny_server(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu",
                              "--allow-weights-dir", str(tmp_path)],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     yield f"http://127.0.0.1:{port}", proc

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import FinishReason, GenerateResult, InferenceEngine, SamplingParams
+from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.kv_batch import DecodeBatch, RowKV, row_length
 from envhub.trainer.engines.prefix_cache import PrefixCache
 from envhub.trainer.engines.sampler import sample_next

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import GenerateResult
+from envhub.inference import GenerateResult
 from envhub.trainer.engines.sglang_protocol import GenerateCall, parse_sampling
 
 

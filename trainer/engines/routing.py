@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import Any, Sequence
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import GenerateResult, InferenceEngine, SamplingParams
+from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
 
 
 episode_key: ContextVar[str | None] = ContextVar("envhub_episode_key", default=None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 
 
 def behaviour_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

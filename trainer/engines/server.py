@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from aiohttp import web
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import GenerateResult
+from envhub.inference import GenerateResult
 from envhub.trainer.engines.gate import GenerationGate
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.sglang_protocol import GenerateCall, generate_response, parse_generate, weight_spans

@@ -24,7 +24,7 @@ from typing import Any, Literal, Mapping
 import aiohttp
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import FinishReason, GenerateResult, InferenceEngine, SamplingParams
+from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 
 _RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 API_KEY_ENV = "ENVHUB_ENGINE_API_KEY"

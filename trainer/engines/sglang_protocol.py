@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import GenerateResult, SamplingParams
+from envhub.inference import GenerateResult, SamplingParams
 
 _TOP_K_ALL = 1 << 30
 # SGLang's sampling_params keys; those envhub does not implement are accepted only at their neutral value.

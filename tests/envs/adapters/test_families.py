@@ -52,7 +52,7 @@ def test_the_id_list_is_cached_per_package_version(tmp_path, monkeypatch):
 
 def test_envhub_list_shows_the_families_with_counts():
     pytest.importorskip("gem", reason="needs the adapters' packages (make install)")
-    out = subprocess.run([sys.executable, "-m", "envhub.cli", "list"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "envhub.cli.main", "list"], capture_output=True, text=True, check=True).stdout
     tail = out.split("adapted families")[1]
     for name, prefix in (("reasoning-gym", "rg-*"), ("textarena", "ta-*"), ("gem", "gem-*")):
         line = next(line for line in tail.splitlines() if line.strip().startswith(name))

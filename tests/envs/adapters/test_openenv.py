@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envhub
-from envhub.openenv_server import OpenEnvServer
+from envhub.server.openenv_server import OpenEnvServer
 
 pytest.importorskip("openenv.core.env_server", reason="needs openenv-core (pip install 'envhub[openenv]')")
 from openenv.core.env_server import Environment, create_app  # noqa: E402
@@ -165,7 +165,7 @@ def test_envhub_serve_protocol_openenv_from_the_command_line():
     import requests
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "envhub.cli", "serve", "--protocol", "openenv", "--env", "FrozenLake-v0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "FrozenLake-v0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -181,7 +181,7 @@ def test_envhub_serve_protocol_openenv_from_the_command_line():
     finally:
         server.terminate()
         server.wait(10)
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli", "serve", "--protocol", "openenv", "--env", "FrozenLak-v0"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "FrozenLak-v0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("envhub: error: unknown environment 'FrozenLak-v0'")
 
 

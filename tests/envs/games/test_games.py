@@ -142,7 +142,7 @@ def test_kuhn_hides_the_opponent_card_until_showdown():
 
 
 def test_cli_lists_games_with_the_multi_agent_tag(capsys):
-    from envhub.cli import main
+    from envhub.cli.main import main
 
     assert main(["list", "--tag", "multi-agent"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("ta-")]  # TextArena's, when installed

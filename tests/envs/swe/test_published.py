@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 import envhub  # noqa: F401  (registers envhub/SWE-v0)
-from envhub.cli import main
+from envhub.cli.main import main
 from envhub.envs.swe.tasks import write_instances
 
 FORMATS = ["swebench", "swegym", "r2egym", "swesmith"]

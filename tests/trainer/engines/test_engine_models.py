@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.models import load_model, pick_device, pick_dtype, resolve_model_path, smollm2_gguf
 

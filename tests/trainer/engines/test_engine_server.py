@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.server import start_engine_server
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.sglang import SGLangEngine, launch_sglang_server, sglang_command
@@ -168,7 +168,7 @@ async def test_serve_engine_cli_subprocess(tokenizer, tiny_model):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "envhub.cli", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu"],
+        [sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     client = SGLangEngine(f"http://127.0.0.1:{port}", retries=0)

@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.server import start_engine_server
 
 torch = pytest.importorskip("torch")

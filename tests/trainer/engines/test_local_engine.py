@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 
 torch = pytest.importorskip("torch")

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.kv_batch import DecodeBatch
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.prefix_cache import PrefixCache

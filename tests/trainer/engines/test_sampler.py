@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.sampler import behaviour_logprobs, sample_next
 
 torch = pytest.importorskip("torch")

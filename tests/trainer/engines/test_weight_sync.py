@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from envhub.trainer.engines.base import SamplingParams
+from envhub.inference import SamplingParams
 from envhub.trainer.engines.server import STATE_KEY, start_engine_server
 from envhub.trainer.engines.sglang import SGLangEngine
 

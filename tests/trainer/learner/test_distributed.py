@@ -74,7 +74,7 @@ def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_
         f"learner: {{devices: 2, strategy: {strategy}}}\n"
         f"budget: {{steps: 2, checkpoint_every: 1}}\nout_dir: {tmp_path / 'run'}\n"
     )
-    done = subprocess.run([sys.executable, "-m", "envhub.cli", "train", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt.step == 2
@@ -82,14 +82,14 @@ def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_
 
     loaded = AutoModelForCausalLM.from_pretrained(ckpt.path)
     assert all(torch.isfinite(p).all() for p in loaded.parameters())
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli", "train", str(cfg), "--resume", "--steps", "3"], cwd=REPO,
+    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "3"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     # ddp: rank 0 loads, then every process takes its weights; fsdp: rank 0's tensors are spread over the shards
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "run").step == 3
     other = "ddp" if strategy == "fsdp" else "fsdp"  # checkpoints do not depend on the strategy that wrote them
     cfg.write_text(cfg.read_text().replace(f"strategy: {strategy}", f"strategy: {other}"))
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli", "train", str(cfg), "--resume", "--steps", "4"], cwd=REPO,
+    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "4"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "run").step == 4

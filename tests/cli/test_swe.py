@@ -3,7 +3,7 @@
 import dataclasses
 import json
 
-from envhub.cli import main
+from envhub.cli.main import main
 from envhub.envs.swe.repos import build_bundled_repos
 from envhub.envs.swe.tasks import BUNDLED_TASKS, load_instances, write_instances
 

@@ -7,10 +7,10 @@ import sys
 import pytest
 
 import envhub
-from envhub.cli import main
-from envhub.demo import main as demo_main
+from envhub.cli.main import main
+from envhub.cli.demo import main as demo_main
 from envhub.envinfo import constructor_kwargs
-from envhub.play import play
+from envhub.cli.play import play
 
 
 @pytest.mark.parametrize("env_id", [s.id for s in envhub.list_envs() if s.source == "envhub"])
@@ -56,10 +56,10 @@ def test_play_from_a_pipe_echoes_each_action():
 
 
 def test_play_through_a_real_pipe_echoes_and_bad_kwargs_print_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "envhub.cli", "play", "FrozenLake-v0", "--seed", "1"],
+    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", "play", "FrozenLake-v0", "--seed", "1"],
                           input="right\n", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "> right" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli", "play", "Sokoban-v0", "--kwargs", '{"dim": "big"}'],
+    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "play", "Sokoban-v0", "--kwargs", '{"dim": "big"}'],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.splitlines()[0].endswith("Sokoban dim must be an integer or a [height, width] pair, got 'big'")
@@ -68,7 +68,7 @@ def test_play_through_a_real_pipe_echoes_and_bad_kwargs_print_no_traceback():
 def test_demo_exits_non_zero_when_a_row_fails(capsys):
     assert demo_main(["--envs", "FrozenLake-v0", "NoSuchEnv-v0", "--episodes", "1"]) == 1
     assert "1 of 3 rows failed: NoSuchEnv-v0" in capsys.readouterr().out
-    done = subprocess.run([sys.executable, "-m", "envhub.demo", "--envs", "NoSuchEnv-v0", "--episodes", "1"],
+    done = subprocess.run([sys.executable, "-m", "envhub.cli.demo", "--envs", "NoSuchEnv-v0", "--episodes", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
 

@@ -4,7 +4,7 @@ import json
 
 import envhub
 from envhub import AgentEnv
-from envhub.demo import bundled_env_ids, main, run_demo
+from envhub.cli.demo import bundled_env_ids, main, run_demo
 
 
 class Countdown(AgentEnv):

@@ -15,14 +15,14 @@ from typing import Any, Callable, Sequence
 from envhub.errors import EnvhubError
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "envhub.play",
-    "envhub.serve_cli",
-    "envhub.eval_cli",
-    "envhub.sandboxes.cli",
-    "envhub.envs.swe.cli",
-    "envhub.trainer.engines.cli",
-    "envhub.trainer.cli",
-    "envhub.view",
+    "envhub.cli.play",
+    "envhub.cli.serve",
+    "envhub.cli.eval",
+    "envhub.cli.sandbox",
+    "envhub.cli.swe",
+    "envhub.cli.serve_engine",
+    "envhub.cli.train",
+    "envhub.cli.view",
 )
 
 

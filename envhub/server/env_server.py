@@ -26,9 +26,9 @@ from aiohttp import web
 from gymnasium import spaces
 
 from envhub.errors import ConfigError, EnvhubError, EnvNotFound, ResetNeeded
-from envhub.serve_cli import ENDPOINTS
-from envhub.server_guard import ClientGuard, HTTPError, ServerLimits
-from envhub.server_policy import PolicyRefused, ServePolicy
+from envhub.cli.serve import ENDPOINTS
+from envhub.server.guard import ClientGuard, HTTPError, ServerLimits
+from envhub.server.policy import PolicyRefused, ServePolicy
 
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_SESSIONS = 1024

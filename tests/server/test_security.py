@@ -16,8 +16,8 @@ import pytest
 
 import envhub
 from envhub import RemoteEnv, RemoteError
-from envhub.server_guard import ServerLimits
-from envhub.server_policy import builtin_policies, constructor_parameters, load_policy
+from envhub.server.guard import ServerLimits
+from envhub.server.policy import builtin_policies, constructor_parameters, load_policy
 from tests.conftest import start_server
 
 GOOD_ID = "TicTacToe-SelfPlay-v0"

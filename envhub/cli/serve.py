@@ -1,4 +1,4 @@
-"""`envhub serve`: run the HTTP env server (see `envhub.server`) under the operator's policy and limits."""
+"""`envhub serve`: run the HTTP env server (see `envhub.server.env_server`) under the operator's policy and limits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from envhub.errors import ConfigError, EnvhubError
 
-# The server's endpoint table lives here, not in envhub.server, so that `envhub --help` does not import aiohttp.
+# The server's endpoint table lives here, not in envhub.server.env_server, so that `envhub --help` does not import aiohttp.
 ENDPOINTS = (
     ("GET", "/health", "", '{"status": "ok", "sessions", "max_sessions"} (no token needed)'),
     ("GET", "/envs", "", "[{id, tags, description, multiagent, max_episode_steps}] of the served envs"),
@@ -25,7 +25,7 @@ ENDPOINTS = (
 
 
 def endpoints_text() -> str:
-    """The endpoint table of `envhub.server`, for `envhub serve --help` (404/405 answers list ENDPOINTS too)."""
+    """The endpoint table of `envhub.server.env_server`, for `envhub serve --help` (404/405 answers list ENDPOINTS too)."""
     return "\n".join(f"  {method:<6} {path:<22} {body:<52} -> {reply}" for method, path, body, reply in ENDPOINTS)
 
 
@@ -53,18 +53,18 @@ def import_user_modules(modules: list[str]) -> None:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from envhub.server import EnvServer
+    from envhub.server.env_server import EnvServer
     from envhub.remote import TOKEN_ENV
-    from envhub.server_guard import ServerLimits
-    from envhub.server_policy import LOCAL_OPT_IN_FLAG, load_policy
+    from envhub.server.guard import ServerLimits
+    from envhub.server.policy import LOCAL_OPT_IN_FLAG, load_policy
 
     tokens = [t for t in (args.token or [os.environ.get(TOKEN_ENV, "")]) if t]
     if not tokens and not is_loopback(args.host):
         raise EnvhubError(f"refusing to serve on {args.host} without a token: anyone who can reach it could run envs on this host",
                           hint=f"set {TOKEN_ENV} or pass --token, or bind 127.0.0.1")
     import_user_modules(args.imports or [])
-    if args.protocol == "openenv":  # one env in OpenEnv's protocol (envhub/openenv_server.py)
-        from envhub.openenv_server import serve
+    if args.protocol == "openenv":  # one env in OpenEnv's protocol (envhub/server/openenv_server.py)
+        from envhub.server.openenv_server import serve
 
         if len(args.env or []) != 1:
             raise EnvhubError("--protocol openenv serves exactly one env", hint="pass one --env ID, e.g. --env Sokoban-v0")

@@ -11,12 +11,12 @@ import pytest
 from aiohttp import web
 from matplotlib import image
 
-from envhub.cli import main
+from envhub.cli.main import main
 from envhub.envs.web import browser
 from envhub.trainer.metrics import MetricsLogger
 from envhub.trainer.records import EpisodeRecorder
 from envhub.trainer.trajectory import Trajectory
-from envhub.view import make_app
+from envhub.cli.view import make_app
 
 OBSERVATION = "The warehouse has 3 boxes and a locked door"
 

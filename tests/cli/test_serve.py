@@ -13,12 +13,12 @@ import pytest
 
 import envhub
 from envhub import RemoteEnv, RemoteError
-from envhub.server_policy import load_policy
-from tests.test_server_security import GOOD_ID, PathEnv
+from envhub.server.policy import load_policy
+from tests.server.test_security import GOOD_ID, PathEnv
 
 
 def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
-    from envhub.cli import main
+    from envhub.cli.main import main
 
     monkeypatch.delenv("ENVHUB_TOKEN", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
@@ -27,7 +27,7 @@ def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
 
 
 def test_serve_help_lists_the_endpoints():
-    out = subprocess.run([sys.executable, "-m", "envhub.cli", "serve", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--help"], capture_output=True, text=True, check=True).stdout
     for needle in ("GET    /health", "POST   /sessions/{id}/step", "DELETE /sessions/{id}", "--unsafe-allow-local-backend", "--import", "--token"):
         assert needle in out
 
@@ -55,7 +55,7 @@ def test_serve_import_serves_envs_from_a_user_module(tmp_path):
         """))
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "ENVHUB_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "serve", "--port", str(port), "--import", "my_envs", "--allow-kwarg", "Echo-v0:loud"],
+    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve", "--port", str(port), "--import", "my_envs", "--allow-kwarg", "Echo-v0:loud"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "serving every registered env" in proc.stdout.readline()
@@ -78,7 +78,7 @@ def test_serve_import_serves_envs_from_a_user_module(tmp_path):
         proc.kill()
         proc.wait(timeout=10)
         proc.stdout.close()
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli", "serve", "--port", str(port), "--import", "no_such_module_here"],
+    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--port", str(port), "--import", "no_such_module_here"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--import no_such_module_here" in bad.stderr
 

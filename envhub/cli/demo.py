@@ -1,4 +1,4 @@
-"""`python -m envhub.demo`: play seeded episodes of every bundled single-agent env and print a table.
+"""`python -m envhub.cli.demo`: play seeded episodes of every bundled single-agent env and print a table.
 
 Each env is played by its scripted solver (when it has an `oracle_action()` method) and by a random
 policy that writes random tool calls from the env's own tool schemas, so the table shows both the
@@ -141,7 +141,7 @@ def format_table(results: Sequence[DemoResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo and print the table; returns 1 when any row failed, else 0."""
-    parser = argparse.ArgumentParser(prog="python -m envhub.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m envhub.cli.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="*", help="env ids to play (default: every bundled single-agent env)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes per env and policy")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode")

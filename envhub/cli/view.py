@@ -1,6 +1,6 @@
 """`envhub view RUN_DIR`: a local web page over a training run's record (reward curves, every episode turn by turn).
 
-The page (envhub/view_static/index.html, no external assets) reads two JSON endpoints:
+The page (envhub/cli/view_static/index.html, no external assets) reads two JSON endpoints:
 `GET /api/summary` (metrics rows and a one-line index of every episode) and `GET /api/episode/{i}` (one
 episode in full). Files are re-read when they change, so the page follows a run in progress on reload.
 """
@@ -64,7 +64,7 @@ def make_app(run_dir: str | Path) -> Any:
     from aiohttp import web
 
     record = RunRecord(Path(run_dir))
-    page = resources.files("envhub").joinpath("view_static/index.html").read_text(encoding="utf-8")
+    page = resources.files("envhub.cli").joinpath("view_static/index.html").read_text(encoding="utf-8")
 
     async def index(request: web.Request) -> web.Response:
         return web.Response(text=page, content_type="text/html")
