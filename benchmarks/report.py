@@ -125,7 +125,7 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
     from envhub.trainer.engines.server import start_engine_server
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.ray_workers import RayOptions, RayRolloutSource
-    from envhub.trainer.train import build_policy
+    from envhub.trainer.models import build_policy
 
     _register_slow_letters()
     config = config_from_dict({

@@ -5,7 +5,6 @@
 """
 
 from envhub.core import AgentEnv, UnicodeText, run_sync
-from envhub.envs.adapters.openenv import OpenEnvEnv
 from envhub.errors import ConfigError, EnvhubError, EnvNotFound, RegistrationError, ResetNeeded, SandboxError
 from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiagent, register, spec
 from envhub.remote import RemoteEnv, RemoteError
@@ -46,6 +45,15 @@ __all__ = [
     "spec",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`envhub.OpenEnvEnv` (the client of OpenEnv servers) lives with the OpenEnv adapter and loads on first use."""
+    if name == "OpenEnvEnv":
+        from envhub.envs.adapters.openenv import OpenEnvEnv
+
+        return OpenEnvEnv
+    raise AttributeError(f"module 'envhub' has no attribute {name!r}")
 
 
 def _register_builtins() -> None:

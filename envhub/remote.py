@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from envhub.core import AgentEnv, UnicodeText
 from envhub.errors import EnvhubError, EnvNotFound, ResetNeeded
+from envhub.wire import TOKEN_ENV
 
-TOKEN_ENV = "ENVHUB_TOKEN"  # the bearer token of `envhub serve`, read by the server and by this client
 
 if TYPE_CHECKING:  # aiohttp is imported on first use, keeping `import envhub` light
     import aiohttp

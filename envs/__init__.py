@@ -41,7 +41,7 @@ def register_builtin_envs() -> None:
     )
     register(
         "Math-v0",
-        "envhub.envs.math:MathEnv",
+        "envhub.envs.math.env:MathEnv",
         max_episode_steps=4,
         tags=("math", "rlvr", "single-agent"),
         description="Arithmetic and algebra word problems generated from the seed, graded by exact answer checking.",

@@ -8,13 +8,12 @@ how many lines contain a given word (`grep -c -w WORD notes.txt`) and how many l
 
 from __future__ import annotations
 
-import contextlib
 import random
 from typing import Any
 
-from envhub.core import AgentEnv
-from envhub.errors import ConfigError, ResetNeeded
-from envhub.toolcalls import parse_tool_calls, run_tool_call
+from envhub.errors import ConfigError
+from envhub.toolcalls import ToolCall, ToolResult
+from envhub.toolenv import SandboxSpec, SandboxToolEnv
 from envhub.tools import ToolContext, bash, submit
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "ocean", "maple", "robot", "candle", "forest")
@@ -25,40 +24,32 @@ SYSTEM_PROMPT = (
 )
 
 
-class ShellQuizEnv(AgentEnv):
+class ShellQuizEnv(SandboxToolEnv):
     """Answer a question about notes.txt with bash in a sandbox; reward 1.0 for the exact number."""
 
     tools = (bash, submit)
     system_prompt = SYSTEM_PROMPT
     reward_doc = "1.0 when the submitted answer equals the true count, else 0.0"
+    no_call_message = (
+        'No tool call found. Call bash, e.g. <tool_call>{"name": "bash", "arguments": {"command": "cat notes.txt"}}</tool_call>, '
+        "or submit."
+    )
+    tool_timeout = None  # sandbox commands carry their own hard timeout (command_timeout)
 
     def __init__(self, backend: str = "docker", image: str | None = None, max_steps: int = 4, pool: Any = None,
                  render_mode: str | None = None) -> None:
         if backend not in ("docker", "bwrap", "local"):
             raise ConfigError(f"unknown sandbox backend {backend!r}", hint="use 'docker', 'bwrap' or 'local'")
-        self.backend, self.image, self.max_steps, self._pool = backend, image, max_steps, pool
+        # the pool is the process-wide one of (backend, image), shared with SWE-v0 and every other sandboxed env
+        self.sandbox_spec = SandboxSpec(backend=backend, image=image, command_timeout=10.0)  # type: ignore[arg-type]
+        self.pool = pool
+        self.max_steps = max_steps
         self.render_mode = render_mode
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._ctx: ToolContext | None = None
         self.answer: int | None = None
         self.command = ""
-        self._steps, self._done, self._ran, self._last = 0, False, False, ""
+        self._ran = False
 
-    def _get_pool(self) -> Any:
-        if self._pool is not None:
-            return self._pool
-        from envhub.envs.swe.env import shared_pool  # one process-wide pool per backend/image, shared with SWE-v0
-
-        return shared_pool(self.backend, self.image)
-
-    async def _release(self) -> None:
-        stack, self._stack, self._ctx = self._stack, None, None
-        if stack is not None:
-            await stack.aclose()
-
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        await super().areset(seed=seed)
-        await self._release()
+    async def setup(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rng = random.Random(int(self.np_random.integers(2**31)))
         lines = [" ".join(rng.choices(WORDS, k=rng.randint(2, 5))) for _ in range(rng.randint(4, 9))]
         if rng.random() < 0.5:
@@ -70,52 +61,30 @@ class ShellQuizEnv(AgentEnv):
             self.answer = len(lines)
             question = "How many lines does notes.txt have?"
             self.command = "wc -l < notes.txt"
-        stack = contextlib.AsyncExitStack()
-        try:
-            sandbox = await stack.enter_async_context(self._get_pool().acquire())
-            await sandbox.write_file("/workspace/notes.txt", "\n".join(lines) + "\n")
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
-        self._ctx = ToolContext(sandbox=sandbox, workdir="/workspace", env=self, command_timeout=10.0, max_output_chars=2000)
-        self._steps, self._done, self._ran = 0, False, False
-        self._last = f"{question} The file is /workspace/notes.txt."
-        return self._last, self.base_info(question=question)
+        await self.sandbox.write_file("/workspace/notes.txt", "\n".join(lines) + "\n")
+        self._ran = False
+        return f"{question} The file is /workspace/notes.txt.", {"question": question}
 
-    async def astep(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self._ctx is None or self._done:
-            raise ResetNeeded("step() called before reset() or after the episode ended", hint="call reset() first")
-        self._steps += 1
-        parsed = parse_tool_calls(action, self.tools)
-        reward, terminated = 0.0, False
-        if parsed.calls and parsed.calls[0].name == "submit":
-            given = str(parsed.calls[0].arguments.get("answer", "")).strip()
-            correct = given.lstrip("+").isdigit() and int(given) == self.answer
-            reward, terminated = (1.0 if correct else 0.0), True
-            obs = "Correct." if correct else f"Wrong: the answer was {self.answer}."
-        elif parsed.calls:
-            obs = (await run_tool_call(parsed.calls[0], self.tools, self._ctx)).output
+    def make_context(self) -> ToolContext:
+        return ToolContext(sandbox=self._sandbox, workdir="/workspace", env=self, command_timeout=10.0, max_output_chars=2000)
+
+    async def call_tool(self, call: ToolCall) -> ToolResult:
+        if call.name != "submit":
             self._ran = True
-        elif parsed.errors:
-            obs = parsed.error_message()
-        else:
-            obs = 'No tool call found. Call bash, e.g. <tool_call>{"name": "bash", "arguments": {"command": "cat notes.txt"}}</tool_call>, or submit.'
-        truncated = not terminated and self._steps >= self.max_steps
-        if terminated or truncated:
-            self._done = True
-            await self._release()
-        self._last = obs
-        return obs, reward, terminated, truncated, {"step": self._steps}
+            return await super().call_tool(call)
+        given = str(call.arguments.get("answer", "")).strip()
+        correct = given.lstrip("+").isdigit() and int(given) == self.answer
+        observation = "Correct." if correct else f"Wrong: the answer was {self.answer}."
+        return ToolResult(call, self.finish(observation, reward=1.0 if correct else 0.0), True)
+
+    def out_of_steps(self) -> str:
+        return self.finish("", truncated=True)  # the last observation stands; no note of its own
 
     def oracle_action(self) -> str | None:
         """The expert's next action: run the counting command, then submit the answer."""
-        if self._done or self.answer is None:
+        if self.done or self.answer is None:
             return None
         return f"submit[{self.answer}]" if self._ran else f"bash[{self.command}]"
 
-    async def aclose(self) -> None:
-        await self._release()
-
     def render_text(self) -> str:
-        return self._last
+        return self.last_observation

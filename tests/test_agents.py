@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import envhub
-from envhub.agents import AgentError, ExpertAgent, RandomAgent, make_agent
+from envhub.agents import AgentError, ExpertAgent, RandomAgent
+from envhub.cli.agent_spec import make_agent
 from envhub.eval import EvalConfig, evaluate
 
 SOLVED_ENVS = ["Sokoban-v0", "FrozenLake-v0", "Wordle-v0", "Math-v0", "WebShop-v0", "Letters-v0"]

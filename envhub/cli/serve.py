@@ -11,23 +11,7 @@ import sys
 from typing import Any
 
 from envhub.errors import ConfigError, EnvhubError
-
-# The server's endpoint table lives here, not in envhub.server.env_server, so that `envhub --help` does not import aiohttp.
-ENDPOINTS = (
-    ("GET", "/health", "", '{"status": "ok", "sessions", "max_sessions"} (no token needed)'),
-    ("GET", "/envs", "", "[{id, tags, description, multiagent, max_episode_steps}] of the served envs"),
-    ("GET", "/envs/{env_id}", "", "one of the above"),
-    ("POST", "/sessions", '{"env_id", "kwargs"?, "reset"?, "seed"?, "options"?}', '{"session_id", "observation_space", "action_space"[, "observation", "info"]}'),
-    ("POST", "/sessions/{id}/reset", '{"seed"?, "options"?}', '{"observation", "info"}'),
-    ("POST", "/sessions/{id}/step", '{"action": text | tool-call object}', '{"observation", "reward", "terminated", "truncated", "info"}'),
-    ("DELETE", "/sessions/{id}", "", '{"closed": id}'),
-)
-
-
-def endpoints_text() -> str:
-    """The endpoint table of `envhub.server.env_server`, for `envhub serve --help` (404/405 answers list ENDPOINTS too)."""
-    return "\n".join(f"  {method:<6} {path:<22} {body:<52} -> {reply}" for method, path, body, reply in ENDPOINTS)
-
+from envhub.wire import TOKEN_ENV, endpoints_text
 
 def is_loopback(host: str) -> bool:
     """Whether binding `host` keeps the server reachable from this machine only."""
@@ -54,7 +38,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from envhub.server.env_server import EnvServer
-    from envhub.remote import TOKEN_ENV
     from envhub.server.guard import ServerLimits
     from envhub.server.policy import LOCAL_OPT_IN_FLAG, load_policy
 

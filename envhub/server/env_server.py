@@ -13,22 +13,19 @@ one stalls nobody else; either is cut off after `step_timeout` (504, session clo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from gymnasium import spaces
 
 from envhub.errors import ConfigError, EnvhubError, EnvNotFound, ResetNeeded
-from envhub.cli.serve import ENDPOINTS
 from envhub.server.guard import ClientGuard, HTTPError, ServerLimits
 from envhub.server.policy import PolicyRefused, ServePolicy
+from envhub.wire import ENDPOINTS, json_safe
 
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_SESSIONS = 1024
@@ -46,29 +43,6 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     needs_reset: bool = True
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` made JSON-serialisable: numpy to lists/numbers, dataclasses to dicts, the rest to str."""
-    if depth > 32:
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, np.generic):
-        return json_safe(value.item(), depth + 1)
-    if isinstance(value, np.ndarray):
-        return json_safe(value.tolist(), depth + 1)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return json_safe(dataclasses.asdict(value), depth + 1)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [json_safe(v, depth + 1) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return repr(value)
 
 
 def _sync_only(env: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from aiohttp import web
 
 from envhub.core import MAX_TEXT_LENGTH
-from envhub.remote import TOKEN_ENV
+from envhub.wire import TOKEN_ENV
 
 MAX_JSON_DEPTH = 32
 

@@ -28,7 +28,8 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from envhub.errors import EnvhubError, ResetNeeded
-from envhub.server.env_server import _sync_only, json_safe
+from envhub.server.env_server import _sync_only
+from envhub.wire import json_safe
 
 MAX_MESSAGE_BYTES = 1 << 20
 ACTION_SCHEMA = {"title": "EnvhubAction", "type": "object", "properties": {"text": {"type": "string", "description": "the agent's reply (raw model text or a tool call)"}}, "required": ["text"]}

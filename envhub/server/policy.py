@@ -159,7 +159,7 @@ _SELF_PLAY = {
 @functools.cache
 def builtin_policies() -> dict[str, EnvPolicy]:
     """Safe client kwargs of the bundled envs (seeds, sizes and counts within bounds that reset in well under a second)."""
-    from envhub.envs.math import KINDS
+    from envhub.envs.math.env import KINDS
 
     side = _int(6, 10)
     table = {

@@ -5,8 +5,8 @@ from fractions import Fraction
 import pytest
 
 import envhub
-from envhub.envs.math import KINDS, MathEnv, extract_answer, parse_number
-from envhub.envs.math_problems import format_number
+from envhub.envs.math.env import KINDS, MathEnv, extract_answer, parse_number
+from envhub.envs.math.problems import format_number
 
 
 def test_oracle_scores_one_on_200_seeds_across_kinds_and_difficulties():
@@ -130,7 +130,7 @@ def test_arithmetic_oracle_shows_true_working_then_the_answer(difficulty):
 def test_worked_solutions_leave_the_problems_of_a_seed_unchanged():
     import random
 
-    from envhub.envs.math_problems import generate
+    from envhub.envs.math.problems import generate
 
     # the generator drew these before worked solutions existed: same seed, same question and answer
     p = generate("arithmetic", 1, random.Random(0))

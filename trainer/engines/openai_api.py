@@ -87,7 +87,7 @@ async def _sse(request: web.Request, chunks: list[dict[str, Any]]) -> web.Stream
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    from envhub.trainer.engines.server import json_body
+    from envhub.trainer.engines.server_state import json_body
 
     return await json_body(request)
 
@@ -95,7 +95,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 async def _run(request: web.Request, ids: list[int], body: dict[str, Any], source: str = "messages") -> list[GenerateResult]:
     import asyncio
 
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     state = request.app[STATE_KEY]
     sampling, n = parse_sampling(_sampling_json(body), state.engine.vocab_size)
@@ -111,14 +111,14 @@ async def _run(request: web.Request, ids: list[int], body: dict[str, Any], sourc
 
 
 def _model_name(request: web.Request) -> str:
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     return request.app[STATE_KEY].served_model_name
 
 
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models: the one served model."""
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     state = request.app[STATE_KEY]
     card = {"id": state.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "envhub",
@@ -128,7 +128,7 @@ async def models(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions {messages, tools?, max_tokens, temperature, n, stream, ...}."""
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     state = request.app[STATE_KEY]
     try:
@@ -169,7 +169,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions {prompt (text or token ids), max_tokens (default 16), temperature, n, stream, ...}."""
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     state = request.app[STATE_KEY]
     try:

@@ -107,7 +107,7 @@ def add_routes(app: Any, handles_errors: Callable) -> None:
     """Serve the tensor and distributed update routes on an envhub serve-engine app."""
     from aiohttp import web
 
-    from envhub.trainer.engines.server import STATE_KEY, json_body
+    from envhub.trainer.engines.server_state import STATE_KEY, json_body
 
     async def reply(state: Any, load: Callable, body: dict[str, Any]) -> web.Response:
         try:

@@ -182,7 +182,7 @@ def follow(learner: Any) -> None:
 def run_follower(config: Any, group: DistLearner) -> None:
     """Build this rank's copy of the learner exactly as rank 0 does and follow rank 0's calls."""
     from envhub.trainer.learner.step import Learner
-    from envhub.trainer.train import build_policy
+    from envhub.trainer.models import build_policy
 
     model, tokenizer = build_policy(config.model, config.seed)
     try:

@@ -109,7 +109,7 @@ async def test_weight_update_aborts_and_client_resubmits_keeping_versions(served
 
 
 async def test_pause_abort_then_continue_resubmits(served, tokenizer):
-    from envhub.trainer.engines.server import STATE_KEY
+    from envhub.trainer.engines.server_state import STATE_KEY
 
     engine, server, client = served
     state = server.runner.app[STATE_KEY]

@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.server import STATE_KEY, start_engine_server
+from envhub.trainer.engines.server import start_engine_server
+from envhub.trainer.engines.server_state import STATE_KEY
 from envhub.trainer.engines.sglang import SGLangEngine
 
 REMOTE = os.environ.get("ENVHUB_SGLANG_URL")

@@ -8,7 +8,8 @@ import socket
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.server import STATE_KEY, start_engine_server
+from envhub.trainer.engines.server import start_engine_server
+from envhub.trainer.engines.server_state import STATE_KEY
 from envhub.trainer.engines.sglang import SGLangEngine
 
 torch = pytest.importorskip("torch")

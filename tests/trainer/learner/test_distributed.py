@@ -12,7 +12,7 @@ from envhub.trainer.config import config_from_dict
 from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.learner.distributed import start_learner_processes
 from envhub.trainer.learner.step import Learner
-from envhub.trainer.train import build_policy
+from envhub.trainer.models import build_policy
 from tests.trainer.learner.conftest import make_groups
 
 REPO = Path(__file__).resolve().parents[3]

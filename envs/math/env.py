@@ -1,6 +1,6 @@
 """Math: verifiable word problems generated from the seed, graded by exact answer checking (RLVR).
 
-The problem text and its exact answer (a `Fraction`) come from `math_problems`. Grading finds the
+The problem text and its exact answer (a `Fraction`) come from `envhub.envs.math.problems`. Grading finds the
 final answer in the reply (a `submit` call, `\\boxed{...}`, `<answer>...</answer>`, `Answer: ...`,
 else the last number) and compares it exactly, so `0.5`, `1/2`, `\\frac{1}{2}`, `2/4`, `x = 1/2`
 and `$0.50` all count as the same answer.
@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from envhub.core import AgentEnv
-from envhub.envs.math_problems import GENERATORS, Problem, format_number, generate
+from envhub.envs.math.problems import GENERATORS, Problem, format_number, generate
 from envhub.errors import ResetNeeded
 from envhub.toolcalls import parse_tool_calls
 from envhub.tools import submit

@@ -1,0 +1,1 @@
+"""Math-v0: verifiable arithmetic and algebra word problems (`problems`) and the env that grades answers (`env`)."""

@@ -1,0 +1,118 @@
+"""The layout's promises, read from the code's own imports: no import cycle among envhub's modules, and
+dependencies that point one way (core <- envs <- agents/eval <- trainer; servers and the CLI on top)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"envhub": ROOT / "envhub", "envhub.envs": ROOT / "envs", "envhub.sandboxes": ROOT / "sandboxes",
+           "envhub.trainer": ROOT / "trainer"}
+# Lower layers never import higher ones; a module sits in the first layer whose prefix it matches.
+LAYERS = [
+    ("cli", ("envhub.cli",)),
+    ("trainer", ("envhub.trainer",)),
+    ("server", ("envhub.server",)),
+    ("agents/eval", ("envhub.agents", "envhub.eval")),
+    ("envs", ("envhub.envs",)),
+    ("core", ("envhub",)),  # the core API, sandboxes included (envs run in them)
+]
+# Modules every env may build on; otherwise an env imports only its own package.
+SHARED_ENV_MODULES = ("envhub.envs.directions", "envhub.envs.games.base", "envhub.envs.adapters.family")
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the project, by import name."""
+    found = {}
+    for prefix, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            if "data" in path.relative_to(folder).parts:  # envs/swe/data: source trees of bundled SWE tasks
+                continue
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Project modules that `name` imports anywhere in its file (function-level imports included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):  # a package's own face is no edge
+                found.add(target)
+    return found
+
+
+def layer(name: str) -> int:
+    return next(i for i, (_, prefixes) in enumerate(LAYERS) if any(name == p or name.startswith(p + ".") for p in prefixes))
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_no_import_cycle(graph):
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_dependencies_point_one_way(graph):
+    wrong = [f"{a} ({LAYERS[layer(a)][0]}) imports {b} ({LAYERS[layer(b)][0]})"
+             for a, targets in graph.items() if a != "envhub" for b in targets if layer(b) < layer(a)]
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
+
+
+def test_envs_do_not_reach_into_each_other(graph):
+    def package(name: str) -> str:
+        return ".".join(name.split(".")[:3])  # envhub.envs.<env module or package>
+
+    wrong = [f"{a} imports {b}" for a, targets in graph.items() if a.startswith("envhub.envs.")
+             for b in targets if b.startswith("envhub.envs.") and package(a) != package(b) and b not in SHARED_ENV_MODULES]
+    assert not wrong, "an env imports another env's internals:\n" + "\n".join(sorted(wrong))
+
+
+def test_servers_do_not_import_the_client(graph):
+    wrong = [f"{a} imports {b}" for a, targets in graph.items() if a.startswith("envhub.server") for b in targets
+             if b in ("envhub.remote", "envhub.envs.adapters.openenv")]
+    assert not wrong, "\n".join(wrong)
