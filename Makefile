@@ -8,7 +8,7 @@ STAMP := $(VENV)/.envhub-installed
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
-.PHONY: install system-packages docker-engine base-image test test-fast demo clean
+.PHONY: install system-packages docker-engine base-image lint test test-fast demo clean
 
 install: $(STAMP) docker-engine
 
@@ -33,7 +33,11 @@ docker-engine: system-packages
 base-image: install
 	$(BIN)/envhub sandbox build
 
-test: install base-image
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: install base-image lint
 	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
 
 test-fast: install

@@ -16,34 +16,66 @@ import platform
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import envhub
 
 MOVES = ["up", "left", "down", "right"]
 # (pair, our env, adapted envs); each env: (label, factory, action format)
 PAIRS: list[tuple[str, list[tuple[str, Callable[[], Any], Callable[[int], str]]]]] = [
-    ("Sokoban", [
-        ("Sokoban-v0", lambda: envhub.make("Sokoban-v0"), lambda i: MOVES[i % 4]),
-        ("ta-Sokoban-raw-v0", lambda: envhub.make("ta-Sokoban-raw-v0"), lambda i: f"[{MOVES[i % 4]}]"),
-        ("gem-game-Sokoban-easy-v0", lambda: envhub.make("gem-game-Sokoban-easy-v0"), lambda i: f"\\boxed{{{MOVES[i % 4]}}}"),
-    ]),
-    ("FrozenLake", [
-        ("FrozenLake-v0", lambda: envhub.make("FrozenLake-v0"), lambda i: MOVES[i % 4]),
-        ("ta-FrozenLake-raw-v0", lambda: envhub.make("ta-FrozenLake-raw-v0"), lambda i: f"[{MOVES[i % 4]}]"),
-    ]),
-    ("Math vs basic_arithmetic", [
-        ("Math-v0", lambda: envhub.make("Math-v0"), lambda i: f"\\boxed{{{i}}}"),
-        ("rg-basic_arithmetic-v0", lambda: envhub.make("rg-basic_arithmetic-v0"), lambda i: f"<answer>{i}</answer>"),
-        ("gem-rg-basic_arithmetic-v0", lambda: envhub.make("gem-rg-basic_arithmetic-v0"), lambda i: f"\\boxed{{{i}}}"),
-    ]),
-    ("TicTacToe self-play", [
-        ("TicTacToe-SelfPlay-v0", lambda: envhub.make("TicTacToe-SelfPlay-v0"), lambda i: "ABC"[i % 3] + "123"[(i // 3) % 3]),
-        ("SelfPlay(ta-TicTacToe-raw-v0)", lambda: envhub.SelfPlay("ta-TicTacToe-raw-v0"), lambda i: f"[{i % 9}]"),
-    ]),
+    (
+        "Sokoban",
+        [
+            ("Sokoban-v0", lambda: envhub.make("Sokoban-v0"), lambda i: MOVES[i % 4]),
+            ("ta-Sokoban-raw-v0", lambda: envhub.make("ta-Sokoban-raw-v0"), lambda i: f"[{MOVES[i % 4]}]"),
+            (
+                "gem-game-Sokoban-easy-v0",
+                lambda: envhub.make("gem-game-Sokoban-easy-v0"),
+                lambda i: f"\\boxed{{{MOVES[i % 4]}}}",
+            ),
+        ],
+    ),
+    (
+        "FrozenLake",
+        [
+            ("FrozenLake-v0", lambda: envhub.make("FrozenLake-v0"), lambda i: MOVES[i % 4]),
+            ("ta-FrozenLake-raw-v0", lambda: envhub.make("ta-FrozenLake-raw-v0"), lambda i: f"[{MOVES[i % 4]}]"),
+        ],
+    ),
+    (
+        "Math vs basic_arithmetic",
+        [
+            ("Math-v0", lambda: envhub.make("Math-v0"), lambda i: f"\\boxed{{{i}}}"),
+            (
+                "rg-basic_arithmetic-v0",
+                lambda: envhub.make("rg-basic_arithmetic-v0"),
+                lambda i: f"<answer>{i}</answer>",
+            ),
+            (
+                "gem-rg-basic_arithmetic-v0",
+                lambda: envhub.make("gem-rg-basic_arithmetic-v0"),
+                lambda i: f"\\boxed{{{i}}}",
+            ),
+        ],
+    ),
+    (
+        "TicTacToe self-play",
+        [
+            (
+                "TicTacToe-SelfPlay-v0",
+                lambda: envhub.make("TicTacToe-SelfPlay-v0"),
+                lambda i: "ABC"[i % 3] + "123"[(i // 3) % 3],
+            ),
+            ("SelfPlay(ta-TicTacToe-raw-v0)", lambda: envhub.SelfPlay("ta-TicTacToe-raw-v0"), lambda i: f"[{i % 9}]"),
+        ],
+    ),
 ]
-SKIPPED = {"Wordle": "TextArena's and GEM's Wordle download NLTK's word list at run time; envhub refuses downloads (docs/adapters.md)"}
+SKIPPED = {
+    "Wordle": "TextArena's and GEM's Wordle download NLTK's word list at run time; envhub refuses downloads "
+    "(docs/adapters.md)"
+}
 
 
 def steps_per_second(factory: Callable[[], Any], action: Callable[[int], str], seconds: float) -> dict[str, float]:
@@ -77,14 +109,18 @@ def openenv_pair(seconds: float, rounds: int) -> dict[str, Any]:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        return site._server.sockets[0].getsockname()[1]  # noqa: SLF001 (the port the OS chose)
+        return site._server.sockets[0].getsockname()[1]
 
     threading.Thread(target=loop.run_forever, daemon=True).start()
     port = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
     try:
         envs = [
             ("Sokoban-v0", lambda: envhub.make("Sokoban-v0"), lambda i: MOVES[i % 4]),
-            ("OpenEnvEnv(envhub serve --protocol openenv)", lambda: envhub.OpenEnvEnv(f"http://127.0.0.1:{port}"), lambda i: MOVES[i % 4]),
+            (
+                "OpenEnvEnv(envhub serve --protocol openenv)",
+                lambda: envhub.OpenEnvEnv(f"http://127.0.0.1:{port}"),
+                lambda i: MOVES[i % 4],
+            ),
         ]
         return measure(envs, seconds, rounds)
     finally:
@@ -92,7 +128,9 @@ def openenv_pair(seconds: float, rounds: int) -> dict[str, Any]:
         loop.call_soon_threadsafe(loop.stop)
 
 
-def measure(envs: list[tuple[str, Callable[[], Any], Callable[[int], str]]], seconds: float, rounds: int) -> dict[str, Any]:
+def measure(
+    envs: list[tuple[str, Callable[[], Any], Callable[[int], str]]], seconds: float, rounds: int
+) -> dict[str, Any]:
     """Alternate the envs for `rounds` rounds; steps/s per env and ratio of the first to each other."""
     totals = {label: {"steps": 0, "episodes": 0, "seconds": 0.0} for label, _, _ in envs}
     for _ in range(rounds):

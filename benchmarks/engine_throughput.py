@@ -33,7 +33,9 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
     prompts = []
     for i in range(count):
         text = QUESTIONS[i % len(QUESTIONS)].format(a=3 + i * 7, b=2 + i % 5)
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return prompts
 
@@ -44,8 +46,10 @@ def sequential_generate(model, prompts: list[list[int]], max_new_tokens: int) ->
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt], device=model.device)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-            outputs.append(out[0, len(prompt):].tolist())
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
     if model.device.type == "cuda":
         torch.cuda.synchronize()
     return outputs, time.perf_counter() - start
@@ -96,19 +100,36 @@ def main() -> None:
         ("LocalEngine, one at a time", one_tokens, one_s, one_tokens / one_s),
         ("LocalEngine, batched", eng_tokens, eng_s, eng_tokens / eng_s),
     ]
-    print(f"model={args.model} device={model.device} dtype={model.dtype} prompts={args.prompts} max_new_tokens={args.max_new_tokens}")
+    print(
+        f"model={args.model} device={model.device} dtype={model.dtype} prompts={args.prompts} "
+        f"max_new_tokens={args.max_new_tokens}"
+    )
     print(f"{'method':<28} {'tokens':>7} {'seconds':>8} {'tokens/s':>9}")
     for name, tokens, seconds, rate in rows:
         print(f"{name:<28} {tokens:>7} {seconds:>8.2f} {rate:>9.1f}")
     ratio = rows[2][3] / rows[0][3]
-    print(f"speedup: {ratio:.2f}x   identical greedy outputs: {same}/{len(prompts)}   mean decode batch: {engine.stats.mean_batch:.1f}")
+    print(
+        f"speedup: {ratio:.2f}x   identical greedy outputs: {same}/{len(prompts)}   mean decode batch: "
+        f"{engine.stats.mean_batch:.1f}"
+    )
     report = {
-        "model": args.model, "device": str(model.device), "dtype": str(model.dtype), "host": platform.node(),
-        "cpu_threads": torch.get_num_threads(), "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+        "model": args.model,
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "prompts": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
         "sequential": {"tokens": seq_tokens, "seconds": seq_s, "tokens_per_s": rows[0][3]},
         "engine_one_at_a_time": {"tokens": one_tokens, "seconds": one_s, "tokens_per_s": rows[1][3]},
-        "engine": {"tokens": eng_tokens, "seconds": eng_s, "tokens_per_s": rows[2][3], "mean_decode_batch": engine.stats.mean_batch},
-        "speedup": ratio, "identical_outputs": same,
+        "engine": {
+            "tokens": eng_tokens,
+            "seconds": eng_s,
+            "tokens_per_s": rows[2][3],
+            "mean_decode_batch": engine.stats.mean_batch,
+        },
+        "speedup": ratio,
+        "identical_outputs": same,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

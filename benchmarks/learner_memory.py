@@ -36,7 +36,9 @@ def rss_mb() -> float:
     return 0.0
 
 
-def run_case(lengths: list[int], budget: int, chunk: int, checkpointing: bool = False, seed: int = 0) -> dict[str, float]:
+def run_case(
+    lengths: list[int], budget: int, chunk: int, checkpointing: bool = False, seed: int = 0
+) -> dict[str, float]:
     """One learner step over episodes of `lengths` tokens (90% model tokens); runs in this process."""
     import random
 
@@ -49,19 +51,44 @@ def run_case(lengths: list[int], budget: int, chunk: int, checkpointing: bool = 
 
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=max(lengths) + 1, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max(lengths) + 1,
+        attn_implementation="sdpa",
+    )
     model = LlamaForCausalLM(config).to(device)
     rng = random.Random(seed)
     trajs = []
     for i, n in enumerate(lengths):
         prompt = n // 10
-        trajs.append(Trajectory(input_ids=[rng.randrange(VOCAB) for _ in range(n)], loss_mask=[0] * prompt + [1] * (n - prompt),
-                                behavior_logprobs=[0.0] * prompt + [-10.8] * (n - prompt), versions=[-1] * prompt + [0] * (n - prompt),
-                                reward=float(i % 2), task="bench", group_id="g", seed=0, turns=1, finish_reason="terminated"))
-    groups = [trajs[i:i + 2] for i in range(0, len(trajs), 2)]  # GRPO groups of 2 (a lone episode gets advantage 0)
+        trajs.append(
+            Trajectory(
+                input_ids=[rng.randrange(VOCAB) for _ in range(n)],
+                loss_mask=[0] * prompt + [1] * (n - prompt),
+                behavior_logprobs=[0.0] * prompt + [-10.8] * (n - prompt),
+                versions=[-1] * prompt + [0] * (n - prompt),
+                reward=float(i % 2),
+                task="bench",
+                group_id="g",
+                seed=0,
+                turns=1,
+                finish_reason="terminated",
+            )
+        )
+    groups = [trajs[i : i + 2] for i in range(0, len(trajs), 2)]  # GRPO groups of 2 (a lone episode gets advantage 0)
     algo = AlgorithmConfig(max_tokens_per_micro_batch=budget, micro_batch_size=0, max_initial_kl=0.0)
-    learner = Learner(model, algo, 1.0, 0, learner_config=LearnerConfig(logprob_chunk_tokens=chunk, gradient_checkpointing=checkpointing))
+    learner = Learner(
+        model,
+        algo,
+        1.0,
+        0,
+        learner_config=LearnerConfig(logprob_chunk_tokens=chunk, gradient_checkpointing=checkpointing),
+    )
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -75,10 +102,19 @@ def run_case(lengths: list[int], budget: int, chunk: int, checkpointing: bool = 
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20 if device.type == "cuda" else peak_rss - base
     return {
-        "device": device.type, "episodes": len(lengths), "longest": max(lengths), "tokens": sum(lengths),
-        "batch_x_longest": len(lengths) * max(lengths), "budget": budget, "chunk": chunk, "checkpointing": checkpointing,
-        "micro_batches": stats["micro_batches"], "padded_tokens": stats["padded_tokens"],
-        "peak_mb": round(peak, 1), "step_s": round(elapsed, 2), "tokens_per_s": round(sum(lengths) / elapsed, 1),
+        "device": device.type,
+        "episodes": len(lengths),
+        "longest": max(lengths),
+        "tokens": sum(lengths),
+        "batch_x_longest": len(lengths) * max(lengths),
+        "budget": budget,
+        "chunk": chunk,
+        "checkpointing": checkpointing,
+        "micro_batches": stats["micro_batches"],
+        "padded_tokens": stats["padded_tokens"],
+        "peak_mb": round(peak, 1),
+        "step_s": round(elapsed, 2),
+        "tokens_per_s": round(sum(lengths) / elapsed, 1),
     }
 
 
@@ -97,10 +133,15 @@ def cases(quick: bool) -> list[tuple[str, list[int], int, int, bool]]:
 def main(out: str | None = None, quick: bool = False) -> list[dict[str, float]]:
     """Run every case in its own subprocess; print a table and write JSON."""
     rows = []
-    print(f"{'sweep':<11}{'episodes':>9}{'longest':>8}{'B x longest':>12}{'budget':>11}{'micro':>6}{'padded':>8}{'peak MiB':>10}{'tok/s':>9}")
+    print(
+        f"{'sweep':<11}{'episodes':>9}{'longest':>8}{'B x longest':>12}{'budget':>11}"
+        f"{'micro':>6}{'padded':>8}{'peak MiB':>10}{'tok/s':>9}"
+    )
     for sweep, lengths, budget, chunk, checkpointing in cases(quick):
-        code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import learner_memory as m; "
-                f"print(json.dumps(m.run_case({lengths!r}, {budget}, {chunk}, {checkpointing})))")
+        code = (
+            f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import learner_memory as m; "
+            f"print(json.dumps(m.run_case({lengths!r}, {budget}, {chunk}, {checkpointing})))"
+        )
         # large blocks straight from mmap, so freed tensors leave RSS and the peak is what the step held at once
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -109,8 +150,10 @@ def main(out: str | None = None, quick: bool = False) -> list[dict[str, float]]:
             continue
         row = {"sweep": sweep, **json.loads(done.stdout.strip().splitlines()[-1])}
         rows.append(row)
-        print(f"{sweep:<11}{row['episodes']:>9}{row['longest']:>8}{row['batch_x_longest']:>12}{min(budget, 10**6):>11}"
-              f"{int(row['micro_batches']):>6}{int(row['padded_tokens']):>8}{row['peak_mb']:>10}{row['tokens_per_s']:>9}")
+        print(
+            f"{sweep:<11}{row['episodes']:>9}{row['longest']:>8}{row['batch_x_longest']:>12}{min(budget, 10**6):>11}"
+            f"{int(row['micro_batches']):>6}{int(row['padded_tokens']):>8}{row['peak_mb']:>10}{row['tokens_per_s']:>9}"
+        )
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(rows, indent=2))

@@ -49,13 +49,25 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     for part in parents:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {assignment!r}: {part!r} is not a section", hint="name a field inside a section, e.g. rollout.group_size")
+            raise ConfigError(
+                f"--set {assignment!r}: {part!r} is not a section",
+                hint="name a field inside a section, e.g. rollout.group_size",
+            )
         node = child
     node[leaf] = yaml.safe_load(raw)
 
 
-def build_config(path: str, overrides: list[str], *, mode: str, seed: int, steps: int, eval_episodes: int,
-                 temperature: float, max_time_s: float = 0.0) -> TrainConfig:
+def build_config(
+    path: str,
+    overrides: list[str],
+    *,
+    mode: str,
+    seed: int,
+    steps: int,
+    eval_episodes: int,
+    temperature: float,
+    max_time_s: float = 0.0,
+) -> TrainConfig:
     """The config file with --set overrides applied, then this run's mode, seed, steps, time limit and evaluation.
 
     The config's own `budget.max_time_s` is replaced by `max_time_s` (0 = none): a wall-time limit would stop the
@@ -85,8 +97,14 @@ async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
     overall = report["overall"]
     last = result.history[-1] if result.history else {}
     return {
-        "seed": config.seed, "steps": result.last_step, "wall_s": round(wall, 2), "train_s": round(result.wall_s, 2),
-        "eval_before": overall["before"], "eval_sft": overall.get("sft"), "eval_after": overall["after"], "eval_after_se": overall.get("after_se"),
+        "seed": config.seed,
+        "steps": result.last_step,
+        "wall_s": round(wall, 2),
+        "train_s": round(result.wall_s, 2),
+        "eval_before": overall["before"],
+        "eval_sft": overall.get("sft"),
+        "eval_after": overall["after"],
+        "eval_after_se": overall.get("after_se"),
         "per_task_after": {task: row["after"] for task, row in report.items() if task != "overall"},
         "last_batch_reward": last.get("batch_reward"),
         "mean_staleness": sum(r.get("staleness", 0) for r in result.history) / max(1, len(result.history)),
@@ -110,8 +128,12 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for mode in MODES:
         after, se = mean_se([r["eval_after"] for r in runs[mode]])
         wall, _ = mean_se([r["wall_s"] for r in runs[mode]])
-        summary[mode] = {"eval_after_mean": after, "eval_after_se_over_seeds": se, "wall_s_mean": wall,
-                         "steps": [r["steps"] for r in runs[mode]]}
+        summary[mode] = {
+            "eval_after_mean": after,
+            "eval_after_se_over_seeds": se,
+            "wall_s_mean": wall,
+            "steps": [r["steps"] for r in runs[mode]],
+        }
     diffs = [a["eval_after"] - s["eval_after"] for s, a in zip(runs["sync"], runs["async"])]
     diff, diff_se = mean_se(diffs)
     summary["after_async_minus_sync"] = diff
@@ -127,10 +149,20 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds, e.g. 0,1,2")
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out evaluation episodes per task")
     parser.add_argument("--temperature", type=float, default=1.0, help="evaluation temperature (0 = greedy)")
-    parser.add_argument("--max-time-s", type=float, default=0.0,
-                        help="wall-time limit per run (default none: both modes train the same steps)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field by dotted path, e.g. algorithm.lr=0.002 (repeatable)")
+    parser.add_argument(
+        "--max-time-s",
+        type=float,
+        default=0.0,
+        help="wall-time limit per run (default none: both modes train the same steps)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field by dotted path, e.g. algorithm.lr=0.002 (repeatable)",
+    )
     parser.add_argument("--out", default="benchmarks/results/learning_parity.json")
     args = parser.parse_args()
     try:
@@ -139,20 +171,38 @@ def main() -> None:
         parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
     if not seeds:
         parser.error("--seeds: give at least one seed")
-    configs = {(mode, seed): build_config(args.config, args.overrides, mode=mode, seed=seed, steps=args.steps,
-                                          eval_episodes=args.eval_episodes, temperature=args.temperature,
-                                          max_time_s=args.max_time_s)
-               for seed in seeds for mode in MODES}  # every config is validated before the first run starts
+    configs = {
+        (mode, seed): build_config(
+            args.config,
+            args.overrides,
+            mode=mode,
+            seed=seed,
+            steps=args.steps,
+            eval_episodes=args.eval_episodes,
+            temperature=args.temperature,
+            max_time_s=args.max_time_s,
+        )
+        for seed in seeds
+        for mode in MODES
+    }  # every config is validated before the first run starts
     load = os.getloadavg()[0]
     started = time.monotonic()
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = {
-        "config": args.config, "overrides": args.overrides, "steps": args.steps, "seeds": seeds,
-        "eval_episodes_per_task": args.eval_episodes, "eval_temperature": args.temperature, "max_time_s": args.max_time_s,
-        "model": configs[MODES[0], seeds[0]].model.name, "host": platform.node(), "cpu_threads": torch.get_num_threads(),
-        "load_avg_1m": load, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "config": args.config,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "seeds": seeds,
+        "eval_episodes_per_task": args.eval_episodes,
+        "eval_temperature": args.temperature,
+        "max_time_s": args.max_time_s,
+        "model": configs[MODES[0], seeds[0]].model.name,
+        "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_avg_1m": load,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
     with tempfile.TemporaryDirectory(prefix="envhub-parity-") as tmp:
         for seed in seeds:
@@ -161,18 +211,29 @@ def main() -> None:
                 runs[mode].append(run)
                 # written after every run: an interrupted benchmark keeps what it measured
                 path.write_text(json.dumps({**header, "complete": False, "runs": runs}, indent=2))
-                print(f"seed {seed} {mode:<5} steps {run['steps']:>3}  eval {run['eval_before']:.3f} -> {run['eval_after']:.3f}"
-                      f"  last batch {run['last_batch_reward'] or 0:.3f}  wall {run['wall_s']:.1f} s"
-                      f"  staleness {run['mean_staleness']:.2f}", flush=True)
+                print(
+                    f"seed {seed} {mode:<5} steps {run['steps']:>3}  eval {run['eval_before']:.3f} -> "
+                    f"{run['eval_after']:.3f}"
+                    f"  last batch {run['last_batch_reward'] or 0:.3f}  wall {run['wall_s']:.1f} s"
+                    f"  staleness {run['mean_staleness']:.2f}",
+                    flush=True,
+                )
     summary = summarise(runs)
-    print(f"\nconfig={args.config} {' '.join(args.overrides)} steps={args.steps} seeds={seeds} "
-          f"eval episodes/task={args.eval_episodes} T={args.temperature} load={load:.1f}")
+    print(
+        f"\nconfig={args.config} {' '.join(args.overrides)} steps={args.steps} seeds={seeds} "
+        f"eval episodes/task={args.eval_episodes} T={args.temperature} load={load:.1f}"
+    )
     for mode in MODES:
         row = summary[mode]
-        print(f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds)"
-              f"   wall {row['wall_s_mean']:.1f} s")
-    print(f"async - sync final eval: {summary['after_async_minus_sync']:+.3f} ± {summary['after_async_minus_sync_se']:.3f}"
-          f"   wall async/sync: {summary['wall_async_over_sync']:.2f}x")
+        print(
+            f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds)"
+            f"   wall {row['wall_s_mean']:.1f} s"
+        )
+    print(
+        f"async - sync final eval: {summary['after_async_minus_sync']:+.3f} ± "
+        f"{summary['after_async_minus_sync_se']:.3f}"
+        f"   wall async/sync: {summary['wall_async_over_sync']:.2f}x"
+    )
     out = {**header, "complete": True, "total_wall_s": round(time.monotonic() - started, 1), "runs": runs, **summary}
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")

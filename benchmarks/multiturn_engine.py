@@ -34,30 +34,47 @@ async def play(engine: LocalEngine, tokenizer, envs: list[str], episodes: int, c
     jobs = [(env_id, seed) for env_id in envs for seed in range(episodes)]
     started = time.perf_counter()
     results = await asyncio.gather(
-        *[worker.run_episode(lambda e=env_id: envhub.make(e), env_id, seed) for env_id, seed in jobs], return_exceptions=True
+        *[worker.run_episode(lambda e=env_id: envhub.make(e), env_id, seed) for env_id, seed in jobs],
+        return_exceptions=True,
     )
     seconds = time.perf_counter() - started
     done = [r for r in results if not isinstance(r, BaseException)]
-    errors = {env_id: f"{type(r).__name__}: {r}" for (env_id, _), r in zip(jobs, results) if isinstance(r, BaseException)}
+    errors = {
+        env_id: f"{type(r).__name__}: {r}" for (env_id, _), r in zip(jobs, results) if isinstance(r, BaseException)
+    }
     generated = sum(t.num_model_tokens for t in done)
     return {
-        "seconds": seconds, "episodes": len(done), "turns": sum(t.turns for t in done),
-        "episodes_per_s": len(done) / seconds, "generated_tokens": generated, "generated_tokens_per_s": generated / seconds,
-        "prefill_tokens": engine.stats.prefill_tokens, "reused_tokens": engine.stats.reused_tokens,
+        "seconds": seconds,
+        "episodes": len(done),
+        "turns": sum(t.turns for t in done),
+        "episodes_per_s": len(done) / seconds,
+        "generated_tokens": generated,
+        "generated_tokens_per_s": generated / seconds,
+        "prefill_tokens": engine.stats.prefill_tokens,
+        "reused_tokens": engine.stats.reused_tokens,
         "prompt_tokens_per_turn": sum(e["prompt_tokens"] for t in done for e in t.turn_log if e.get("kind") == "turn")
         / max(1, sum(t.turns for t in done)),
-        "errors": errors, "_ids": {(t.task, t.seed): t.input_ids for t in done},
+        "errors": errors,
+        "_ids": {(t.task, t.seed): t.input_ids for t in done},
     }
 
 
 async def main_async(args: argparse.Namespace) -> dict:
     model, tokenizer = load_model(args.model)
-    config = RolloutConfig(group_size=2, max_turns=args.turns, max_new_tokens=args.max_new_tokens, max_total_tokens=8192,
-                           temperature=0.0, episode_timeout_s=1800)
+    config = RolloutConfig(
+        group_size=2,
+        max_turns=args.turns,
+        max_new_tokens=args.max_new_tokens,
+        max_total_tokens=8192,
+        temperature=0.0,
+        episode_timeout_s=1800,
+    )
     modes = {"no_reuse": 0.0, "prefix_reuse": 512.0}
     report = {}
     for name, cache_mb in modes.items():
-        engine = LocalEngine(model, tokenizer, max_batch_size=64, prefix_cache_mb=cache_mb, prefill_chunk=args.prefill_chunk)
+        engine = LocalEngine(
+            model, tokenizer, max_batch_size=64, prefix_cache_mb=cache_mb, prefill_chunk=args.prefill_chunk
+        )
         try:
             report[name] = await play(engine, tokenizer, args.envs, args.episodes, config)
         finally:
@@ -79,12 +96,19 @@ def main() -> None:
     report = asyncio.run(main_async(args))
     a, b = report["no_reuse"], report["prefix_reuse"]
     same = sum(a["_ids"].get(k) == v for k, v in b["_ids"].items())
-    print(f"model={args.model} envs={' '.join(args.envs)} episodes/env={args.episodes} turns<={args.turns} "
-          f"max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()} load={load:.1f}")
-    print(f"{'mode':<14} {'episodes':>8} {'turns':>6} {'seconds':>8} {'episodes/s':>10} {'gen tok/s':>9} {'prefilled':>9} {'reused':>7}")
+    print(
+        f"model={args.model} envs={' '.join(args.envs)} episodes/env={args.episodes} turns<={args.turns} "
+        f"max_new_tokens={args.max_new_tokens} threads={torch.get_num_threads()} load={load:.1f}"
+    )
+    print(
+        f"{'mode':<14} {'episodes':>8} {'turns':>6} {'seconds':>8} {'episodes/s':>10} {'gen tok/s':>9} "
+        f"{'prefilled':>9} {'reused':>7}"
+    )
     for name, r in report.items():
-        print(f"{name:<14} {r['episodes']:>8} {r['turns']:>6} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
-              f"{r['generated_tokens_per_s']:>9.1f} {r['prefill_tokens']:>9} {r['reused_tokens']:>7}")
+        print(
+            f"{name:<14} {r['episodes']:>8} {r['turns']:>6} {r['seconds']:>8.1f} {r['episodes_per_s']:>10.3f} "
+            f"{r['generated_tokens_per_s']:>9.1f} {r['prefill_tokens']:>9} {r['reused_tokens']:>7}"
+        )
     speedup = a["seconds"] / b["seconds"]
     print(f"speedup (episodes/s): {speedup:.2f}x   identical episodes: {same}/{len(b['_ids'])}")
     for name, r in report.items():
@@ -93,10 +117,19 @@ def main() -> None:
     for r in report.values():
         r.pop("_ids")
     out = {
-        "model": args.model, "host": platform.node(), "cpu_threads": torch.get_num_threads(), "load_avg_1m": load,
+        "model": args.model,
+        "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_avg_1m": load,
         "gpu": "none available for this task" if not torch.cuda.is_available() else torch.cuda.get_device_name(),
-        "envs": args.envs, "episodes_per_env": args.episodes, "turns": args.turns, "max_new_tokens": args.max_new_tokens,
-        "prefill_chunk": args.prefill_chunk, **report, "speedup_episodes_per_s": speedup, "identical_episodes": same,
+        "envs": args.envs,
+        "episodes_per_env": args.episodes,
+        "turns": args.turns,
+        "max_new_tokens": args.max_new_tokens,
+        "prefill_chunk": args.prefill_chunk,
+        **report,
+        "speedup_episodes_per_s": speedup,
+        "identical_episodes": same,
     }
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling benchmark scripts
 
-import envhub  # noqa: E402
+import envhub
 
 ACTIONS = ["up", "right", "down", "left", "crane", "slate", "42", "7", "aeiou", "1", "push", "buy"]
 SKIP_ENVS = {"SWE-v0": "needs a sandbox per episode (see the sandbox section)", "WebShop-v0": "needs a browser"}
@@ -29,7 +29,9 @@ async def env_steps(seconds: float) -> dict[str, Any]:
     """Steps per second of each single-agent env with cycled text actions (resets counted as time, not steps)."""
     rows: dict[str, Any] = {}
     for spec in envhub.list_envs():
-        if "single-agent" not in spec.tags or "benchmark" in spec.tags or spec.source != "envhub":  # adapted hubs: benchmarks/adapters.py
+        if (
+            "single-agent" not in spec.tags or "benchmark" in spec.tags or spec.source != "envhub"
+        ):  # adapted hubs: benchmarks/adapters.py
             continue
         if spec.id in SKIP_ENVS:
             rows[spec.id] = {"skipped": SKIP_ENVS[spec.id]}
@@ -95,9 +97,15 @@ def engine(model_name: str, prompts: int, max_new_tokens: int) -> dict[str, Any]
 
     eng_out, eng_s = asyncio.run(batched())
     seq_rate, eng_rate = sum(map(len, seq_out)) / seq_s, sum(map(len, eng_out)) / eng_s
-    return {"model": model_name, "prompts": prompts, "max_new_tokens": max_new_tokens,
-            "generate_loop_tokens_per_s": round(seq_rate, 1), "engine_tokens_per_s": round(eng_rate, 1),
-            "speedup": round(eng_rate / seq_rate, 2), "identical_greedy_outputs": sum(a == b for a, b in zip(seq_out, eng_out))}
+    return {
+        "model": model_name,
+        "prompts": prompts,
+        "max_new_tokens": max_new_tokens,
+        "generate_loop_tokens_per_s": round(seq_rate, 1),
+        "engine_tokens_per_s": round(eng_rate, 1),
+        "speedup": round(eng_rate / seq_rate, 2),
+        "identical_greedy_outputs": sum(a == b for a, b in zip(seq_out, eng_out)),
+    }
 
 
 def async_vs_sync(steps: int) -> dict[str, Any]:
@@ -113,7 +121,9 @@ def _register_slow_letters() -> None:
     from envhub.trainer.bench import BENCH_ENV, SlowLettersEnv
 
     if BENCH_ENV not in {s.id for s in envhub.list_envs()}:
-        envhub.register(BENCH_ENV, SlowLettersEnv, tags=("benchmark",), description="Letters with heavy-tailed step latency")
+        envhub.register(
+            BENCH_ENV, SlowLettersEnv, tags=("benchmark",), description="Letters with heavy-tailed step latency"
+        )
 
 
 async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> dict[str, Any]:
@@ -122,17 +132,19 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
 
     from envhub.trainer.bench import BENCH_ENV
     from envhub.trainer.config import config_from_dict
-    from envhub.trainer.engines.server import start_engine_server
     from envhub.trainer.engines.local import LocalEngine
-    from envhub.trainer.ray_workers import RayOptions, RayRolloutSource
+    from envhub.trainer.engines.server import start_engine_server
     from envhub.trainer.models import build_policy
+    from envhub.trainer.ray_workers import RayOptions, RayRolloutSource
 
     _register_slow_letters()
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": BENCH_ENV, "kwargs": {"median_s": 0.25, "sigma": 0.3}}],
-        "rollout": {"group_size": 4, "max_new_tokens": 8, "max_turns": 3},
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": BENCH_ENV, "kwargs": {"median_s": 0.25, "sigma": 0.3}}],
+            "rollout": {"group_size": 4, "max_new_tokens": 8, "max_turns": 3},
+        }
+    )
     owns = not ray.is_initialized()
     if owns:
         ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -146,7 +158,9 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
             await source.resize(n)
             task = config.tasks[0]
             started = time.perf_counter()
-            groups = await asyncio.gather(*[source.run_group(task, seed, f"s{n}-{seed}") for seed in range(episodes // 4)])
+            groups = await asyncio.gather(
+                *[source.run_group(task, seed, f"s{n}-{seed}") for seed in range(episodes // 4)]
+            )
             elapsed = time.perf_counter() - started
             done = sum(len(g or []) for g in groups)
             rows[str(n)] = {"episodes": done, "seconds": round(elapsed, 2), "episodes_per_s": round(done / elapsed, 2)}
@@ -158,8 +172,11 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
     base = rows[str(counts[0])]["episodes_per_s"]
     for row in rows.values():
         row["speedup_vs_1"] = round(row["episodes_per_s"] / base, 2)
-    return {"env": f"{BENCH_ENV} (step latency log-normal, median 0.25 s, sigma 0.3; 1-3 turns)",
-            "episodes_per_worker": per_worker, "workers": rows}
+    return {
+        "env": f"{BENCH_ENV} (step latency log-normal, median 0.25 s, sigma 0.3; 1-3 turns)",
+        "episodes_per_worker": per_worker,
+        "workers": rows,
+    }
 
 
 def _section(name: str, fn: Any, *args: Any) -> Any:
@@ -176,12 +193,17 @@ def _section(name: str, fn: Any, *args: Any) -> Any:
 def run_all(quick: bool = False) -> dict[str, Any]:
     """Every section; `quick` shrinks samples and steps so the whole run takes a few minutes on a small CPU."""
     report: dict[str, Any] = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": platform.node(),
-        "cpus": os.cpu_count(), "python": platform.python_version(), "quick": quick,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "quick": quick,
     }
     report["env_steps"] = _section("env steps/s", env_steps, 0.5 if quick else 3.0)
     report["sandboxes"] = _section("sandboxes", sandboxes, 5 if quick else 30)
-    report["engine"] = _section("engine", engine, "tiny" if quick else "smollm2", 8 if quick else 16, 16 if quick else 32)
+    report["engine"] = _section(
+        "engine", engine, "tiny" if quick else "smollm2", 8 if quick else 16, 16 if quick else 32
+    )
     report["async_vs_sync"] = _section("async vs sync", async_vs_sync, 3 if quick else 6)
     report["worker_scaling"] = _section("env workers", worker_scaling, [1, 2, 4, 8], 32 if quick else 64, 2)
     return report
@@ -189,37 +211,79 @@ def run_all(quick: bool = False) -> dict[str, Any]:
 
 def to_markdown(r: dict[str, Any]) -> str:
     """The report as markdown tables."""
-    lines = [f"# envhub benchmark report", "", f"{r['time']} on {r['host']} ({r['cpus']} CPUs, Python {r['python']}){' — quick mode' if r['quick'] else ''}", ""]
+    lines = [
+        "# envhub benchmark report",
+        "",
+        f"{r['time']} on {r['host']} ({r['cpus']} CPUs, Python {r['python']}){' — quick mode' if r['quick'] else ''}",
+        "",
+    ]
     lines += ["## Env steps/s", "", "| env | steps/s | steps | episodes |", "|---|---:|---:|---:|"]
     for env, row in r["env_steps"].items():
         if "steps_per_s" in row:
             lines.append(f"| {env} | {row['steps_per_s']} | {row['steps']} | {row['episodes']} |")
         elif isinstance(row, dict):
             lines.append(f"| {env} | – | {row.get('skipped') or row.get('error')} | |")
-    lines += ["", "## Sandboxes (ms)", "", "| backend | warm acquire p50 | cold start p50 | exec p50 | exec p99 | reference exec p50 | exec / reference |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "## Sandboxes (ms)",
+        "",
+        "| backend | warm acquire p50 | cold start p50 | exec p50 | exec p99 | reference exec p50 | exec / reference |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for backend, row in r["sandboxes"].items():
         if isinstance(row, dict) and "exec_roundtrip" in row:
-            lines.append(f"| {backend} | {row['warm_acquire']['p50_ms']} | {row['cold_start']['p50_ms']} | {row['exec_roundtrip']['p50_ms']} | "
-                         f"{row['exec_roundtrip']['p99_ms']} | {row['reference_exec']['p50_ms']} ({row['reference_exec']['what']}) | {row['exec_over_reference']}x |")
+            lines.append(
+                f"| {backend} | {row['warm_acquire']['p50_ms']} | {row['cold_start']['p50_ms']} | "
+                f"{row['exec_roundtrip']['p50_ms']} | "
+                f"{row['exec_roundtrip']['p99_ms']} | {row['reference_exec']['p50_ms']} "
+                f"({row['reference_exec']['what']}) | {row['exec_over_reference']}x |"
+            )
         elif isinstance(row, dict):
             lines.append(f"| {backend} | {row.get('error', row)} | | | | | |")
     e = r["engine"]
     lines += ["", "## Engine tokens/s", ""]
-    lines += [f"{e['error']}"] if "error" in e else [
-        "| model | prompts | new tokens | model.generate loop | LocalEngine batched | speedup |", "|---|---:|---:|---:|---:|---:|",
-        f"| {e['model']} | {e['prompts']} | {e['max_new_tokens']} | {e['generate_loop_tokens_per_s']} | {e['engine_tokens_per_s']} | {e['speedup']}x |"]
+    lines += (
+        [f"{e['error']}"]
+        if "error" in e
+        else [
+            "| model | prompts | new tokens | model.generate loop | LocalEngine batched | speedup |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| {e['model']} | {e['prompts']} | {e['max_new_tokens']} | {e['generate_loop_tokens_per_s']} | "
+            f"{e['engine_tokens_per_s']} | {e['speedup']}x |",
+        ]
+    )
     a = r["async_vs_sync"]
     lines += ["", "## Async vs sync GRPO", ""]
-    lines += [f"{a['error']}"] if "error" in a else [
-        "| mode | wall s | episodes/s | staleness |", "|---|---:|---:|---:|",
-        *[f"| {m} | {a[m]['wall_s']} | {a[m]['episodes_per_s']} | {a[m]['mean_staleness']} |" for m in ("sync", "async")],
-        "", f"speedup: **{a['speedup']}x**"]
+    lines += (
+        [f"{a['error']}"]
+        if "error" in a
+        else [
+            "| mode | wall s | episodes/s | staleness |",
+            "|---|---:|---:|---:|",
+            *[
+                f"| {m} | {a[m]['wall_s']} | {a[m]['episodes_per_s']} | {a[m]['mean_staleness']} |"
+                for m in ("sync", "async")
+            ],
+            "",
+            f"speedup: **{a['speedup']}x**",
+        ]
+    )
     w = r["worker_scaling"]
     lines += ["", "## Ray env workers", ""]
-    lines += [f"{w['error']}"] if "error" in w else [
-        f"{w['env']}; at most {w['episodes_per_worker']} episodes per worker.", "",
-        "| workers | episodes | seconds | episodes/s | vs 1 worker |", "|---:|---:|---:|---:|---:|",
-        *[f"| {n} | {row['episodes']} | {row['seconds']} | {row['episodes_per_s']} | {row['speedup_vs_1']}x |" for n, row in w["workers"].items()]]
+    lines += (
+        [f"{w['error']}"]
+        if "error" in w
+        else [
+            f"{w['env']}; at most {w['episodes_per_worker']} episodes per worker.",
+            "",
+            "| workers | episodes | seconds | episodes/s | vs 1 worker |",
+            "|---:|---:|---:|---:|---:|",
+            *[
+                f"| {n} | {row['episodes']} | {row['seconds']} | {row['episodes_per_s']} | {row['speedup_vs_1']}x |"
+                for n, row in w["workers"].items()
+            ],
+        ]
+    )
     return "\n".join(lines) + "\n"
 
 

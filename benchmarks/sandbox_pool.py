@@ -27,7 +27,12 @@ from envhub.sandboxes.images import ensure_base_image, ensure_rootfs
 def _summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     pick = lambda q: ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] * 1000
-    return {"p50_ms": round(pick(0.5), 2), "p99_ms": round(pick(0.99), 2), "mean_ms": round(statistics.mean(ordered) * 1000, 2), "n": len(ordered)}
+    return {
+        "p50_ms": round(pick(0.5), 2),
+        "p99_ms": round(pick(0.99), 2),
+        "mean_ms": round(statistics.mean(ordered) * 1000, 2),
+        "n": len(ordered),
+    }
 
 
 async def _wait_for_spares(pool: SandboxPool) -> None:
@@ -72,7 +77,13 @@ async def _exec_latencies(backend: str, n: int) -> tuple[list[float], list[float
 def _sdk_exec_latencies(n: int) -> list[float]:
     from envhub.sandboxes.docker_backend import shared_client
 
-    container = shared_client().containers.run(ensure_base_image(), ["sleep", "infinity"], detach=True, network_mode="none", labels={"envhub.sandbox": "1", "envhub.owner_pid": "0"})
+    container = shared_client().containers.run(
+        ensure_base_image(),
+        ["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        labels={"envhub.sandbox": "1", "envhub.owner_pid": "0"},
+    )
     try:
         samples = []
         for _ in range(n):
@@ -105,10 +116,18 @@ async def _many_images(tags: list[str], episodes: int, budget: int) -> dict:
         await asyncio.gather(*(episode(tag) for tag in order))
         wall = time.perf_counter() - started
         m = pools.metrics()
-    return {"images": len(tags), "episodes": episodes, "spares_budget": budget, "hit_rate": round(m.hit_rate, 3),
-            "acquire_p50_ms": round(m.acquire_p50_ms, 1), "acquire_p99_ms": round(m.acquire_p99_ms, 1),
-            "start_p50_ms": round(m.start_p50_ms, 1), "start_p99_ms": round(m.start_p99_ms, 1),
-            "evictions": m.evictions, "episodes_per_s": round(episodes / wall, 2)}
+    return {
+        "images": len(tags),
+        "episodes": episodes,
+        "spares_budget": budget,
+        "hit_rate": round(m.hit_rate, 3),
+        "acquire_p50_ms": round(m.acquire_p50_ms, 1),
+        "acquire_p99_ms": round(m.acquire_p99_ms, 1),
+        "start_p50_ms": round(m.start_p50_ms, 1),
+        "start_p99_ms": round(m.start_p99_ms, 1),
+        "evictions": m.evictions,
+        "episodes_per_s": round(episodes / wall, 2),
+    }
 
 
 async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool) -> dict:
@@ -116,7 +135,9 @@ async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool) -> dict:
     the next group's image gets `group_size` spares while the current group runs."""
     from envhub.sandboxes.multipool import MultiImagePool
 
-    async with MultiImagePool("docker", spares_budget=group_size if prewarm else 0, spares_per_image=0, max_in_use=2 * group_size) as pools:
+    async with MultiImagePool(
+        "docker", spares_budget=group_size if prewarm else 0, spares_per_image=0, max_in_use=2 * group_size
+    ) as pools:
         if prewarm:
             await pools.prewarm(tags[0], count=group_size)
             await asyncio.sleep(group_size * 1.5)  # the first group's spares, as if warmed while the model loads
@@ -135,9 +156,16 @@ async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool) -> dict:
             await asyncio.gather(*group)
         wall = time.perf_counter() - started
         m = pools.metrics()
-    return {"groups": len(tags), "group_size": group_size, "prewarm": prewarm, "hit_rate": round(m.hit_rate, 3),
-            "acquire_p50_ms": round(m.acquire_p50_ms, 1), "acquire_p99_ms": round(m.acquire_p99_ms, 1),
-            "start_p50_ms": round(m.start_p50_ms, 1), "wall_s": round(wall, 2)}
+    return {
+        "groups": len(tags),
+        "group_size": group_size,
+        "prewarm": prewarm,
+        "hit_rate": round(m.hit_rate, 3),
+        "acquire_p50_ms": round(m.acquire_p50_ms, 1),
+        "acquire_p99_ms": round(m.acquire_p99_ms, 1),
+        "start_p50_ms": round(m.start_p50_ms, 1),
+        "wall_s": round(wall, 2),
+    }
 
 
 def _image_tags(k: int) -> list[str]:
@@ -158,13 +186,19 @@ async def run(backends: list[str], n: int, images: int = 0) -> dict:
             episodes = max(n, 3 * images)
             cold = await _many_images(tags, episodes, 0)
             warm = await _many_images(tags, episodes, max(images // 2, 1))
-            results["docker_many_images"] = {"no_spares": cold, "lru_spares": warm,
-                                             "acquire_p50_ratio": round(cold["acquire_p50_ms"] / max(warm["acquire_p50_ms"], 1e-3), 1)}
+            results["docker_many_images"] = {
+                "no_spares": cold,
+                "lru_spares": warm,
+                "acquire_p50_ratio": round(cold["acquire_p50_ms"] / max(warm["acquire_p50_ms"], 1e-3), 1),
+            }
             groups = tags[: min(len(tags), 4)]
             cold_groups = await _grpo_groups(groups, 2, prewarm=False)
             warm_groups = await _grpo_groups(groups, 2, prewarm=True)
-            results["docker_grpo_groups"] = {"cold": cold_groups, "prewarmed": warm_groups,
-                                             "wall_ratio": round(cold_groups["wall_s"] / max(warm_groups["wall_s"], 1e-3), 2)}
+            results["docker_grpo_groups"] = {
+                "cold": cold_groups,
+                "prewarmed": warm_groups,
+                "wall_ratio": round(cold_groups["wall_s"] / max(warm_groups["wall_s"], 1e-3), 2),
+            }
         finally:
             from envhub.sandboxes.docker_backend import shared_client
 
@@ -193,14 +227,21 @@ def print_table(results: dict) -> None:
     if many:
         for name in ("no_spares", "lru_spares"):
             r = many[name]
-            print(f"docker   {r['images']} images, spares budget {r['spares_budget']:>2}: hit rate {r['hit_rate']:.2f}, acquire p50 {r['acquire_p50_ms']} ms "
-                  f"p99 {r['acquire_p99_ms']} ms, start p50 {r['start_p50_ms']} ms, {r['episodes_per_s']} episodes/s, {r['evictions']} evictions")
+            print(
+                f"docker   {r['images']} images, spares budget {r['spares_budget']:>2}: hit rate {r['hit_rate']:.2f}, "
+                f"acquire p50 {r['acquire_p50_ms']} ms "
+                f"p99 {r['acquire_p99_ms']} ms, start p50 {r['start_p50_ms']} ms, {r['episodes_per_s']} episodes/s, "
+                f"{r['evictions']} evictions"
+            )
     grpo = results.get("docker_grpo_groups")
     if grpo:
         for name in ("cold", "prewarmed"):
             r = grpo[name]
-            print(f"docker   GRPO groups ({r['groups']} images x {r['group_size']} episodes), {name:<9}: hit rate {r['hit_rate']:.2f}, "
-                  f"acquire p50 {r['acquire_p50_ms']} ms p99 {r['acquire_p99_ms']} ms, wall {r['wall_s']} s")
+            print(
+                f"docker   GRPO groups ({r['groups']} images x {r['group_size']} episodes), {name:<9}: hit rate "
+                f"{r['hit_rate']:.2f}, "
+                f"acquire p50 {r['acquire_p50_ms']} ms p99 {r['acquire_p99_ms']} ms, wall {r['wall_s']} s"
+            )
     print(f"{'backend':<8} {'measurement':<30} {'p50 ms':>9} {'p99 ms':>9} {'n':>4}")
     for backend, row in results.items():
         if backend.startswith("docker_") and backend != "docker":
@@ -209,7 +250,10 @@ def print_table(results: dict) -> None:
             if isinstance(stats, dict):
                 label = name if "what" not in stats else f"{name} ({stats['what']})"
                 print(f"{backend:<8} {label:<30} {stats['p50_ms']:>9.2f} {stats['p99_ms']:>9.2f} {stats['n']:>4}")
-        print(f"{backend:<8} cold start / warm acquire (p50): {row['cold_over_warm']}x;  exec / reference (p50): {row['exec_over_reference']}x")
+        print(
+            f"{backend:<8} cold start / warm acquire (p50): {row['cold_over_warm']}x;  exec / reference (p50): "
+            f"{row['exec_over_reference']}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "sandbox_pool", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "sandbox_pool",
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -10,8 +10,8 @@ from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiag
 from envhub.remote import RemoteEnv, RemoteError
 from envhub.selfplay import SelfPlay
 from envhub.toolcalls import ParsedAction, ToolCall, parse_tool_calls
-from envhub.tools import Tool, ToolContext, tool
 from envhub.toolenv import SandboxSpec, SandboxToolEnv, ToolEnv
+from envhub.tools import Tool, ToolContext, tool
 
 __version__ = "0.1.0"
 

@@ -39,11 +39,11 @@ class ChatTokens:
         before = self.render(self.messages, generation_prompt=False)
         after = self.render(self.messages + new, generation_prompt=generation_prompt)
         if after.startswith(before):
-            return after[len(before):]
+            return after[len(before) :]
         self.template_fallbacks += 1
         anchor = self.messages[:1] if self.messages and self.messages[0]["role"] == "system" else []
         base = self.render(anchor, generation_prompt=False)
-        return self.render(anchor + new, generation_prompt=generation_prompt)[len(base):]
+        return self.render(anchor + new, generation_prompt=generation_prompt)[len(base) :]
 
     def add_messages(self, new: list[dict[str, str]]) -> list[int]:
         """Append env/user messages plus the assistant generation prompt; returns their ids."""
@@ -57,19 +57,23 @@ class ChatTokens:
         content = self.tokenizer.decode(body, skip_special_tokens=True)
         written = self.tokenizer.decode(output_ids, skip_special_tokens=False)
         message = {"role": "assistant", "content": content}
-        rendered = self.render(self.messages + [message])[len(self.render(self.messages, generation_prompt=True)):]
+        rendered = self.render(self.messages + [message])[len(self.render(self.messages, generation_prompt=True)) :]
         self.messages.append(message)
         if rendered.startswith(written):
-            return content, self.encode(rendered[len(written):])
+            return content, self.encode(rendered[len(written) :])
         # the model's text is not how the template spells it (e.g. stray special tokens): close the
         # turn with the template's own ending after the content.
-        tail = rendered[len(content):] if rendered.startswith(content) else rendered
+        tail = rendered[len(content) :] if rendered.startswith(content) else rendered
         if output_ids and output_ids[-1] in stop_ids:
             eos_text = self.tokenizer.decode(output_ids[-1:], skip_special_tokens=False)
-            tail = tail[len(eos_text):] if tail.startswith(eos_text) else tail
+            tail = tail[len(eos_text) :] if tail.startswith(eos_text) else tail
         return content, self.encode(tail)
 
 
 def chat_stop_ids(tokenizer: Any) -> set[int]:
     """Token ids that end a model's turn: EOS and the ChatML end-of-turn token when the vocabulary has it."""
-    return {i for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")) if isinstance(i, int) and i >= 0}
+    return {
+        i
+        for i in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        if isinstance(i, int) and i >= 0
+    }

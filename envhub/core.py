@@ -49,7 +49,10 @@ class UnicodeText(spaces.Text):
         return f"UnicodeText({self.min_length}, {self.max_length}, charset=printable Unicode)"
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (other.min_length, other.max_length)
+        return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (
+            other.min_length,
+            other.max_length,
+        )
 
 
 class _BackgroundLoop:
@@ -166,7 +169,9 @@ class AgentEnv(TextRender, gym.Env[str, str]):
         super().reset(seed=seed)  # seeds self.np_random
         return "", self.base_info()
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Async `reset`; the primary implementation for envs that wait on I/O."""
         cls = type(self)
         if _overrides(cls, "reset") and not _overrides(cls, "areset"):
@@ -196,7 +201,6 @@ class AgentEnv(TextRender, gym.Env[str, str]):
     def base_info(self, **extra: Any) -> dict[str, Any]:
         """The reset `info` every env returns: system prompt and tool schemas, plus `extra`."""
         return {"system_prompt": self.system_prompt, "tools": [t.schema for t in self.tools], **extra}
-
 
 
 AgentEnv.__abstract__ = True  # type: ignore[attr-defined]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from envhub.errors import ConfigError
 
@@ -64,7 +65,8 @@ def check_kwargs(env_id: str, kwargs: dict[str, Any], *, where: str = "") -> Non
             suggestion = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise ConfigError(
                 f"{where or env_spec.id + ': '}unknown kwarg {key!r}{suggestion}",
-                hint=f"{env_spec.id} takes {', '.join(names) or 'no kwargs'} (`envhub info {env_spec.id}` lists them with types and defaults)",
+                hint=f"{env_spec.id} takes {', '.join(names) or 'no kwargs'} (`envhub info {env_spec.id}` lists them "
+                f"with types and defaults)",
             )
 
 

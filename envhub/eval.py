@@ -4,7 +4,8 @@ Episodes are one asyncio task each (at most `concurrency` at once). Task `i` of 
 with seed `seeds[i]`; each task is attempted `samples` times (default: the largest k), every attempt
 with its own deterministic agent seed. Multi-agent games are played seat by seat through
 `SelfPlay` against `opponent` (simultaneous-move games as sealed turns: `SimultaneousTurns`).
-Every finished episode is appended to `out_dir/episodes.jsonl` at once (turn by turn: action, observation, reward, tool calls), so an interrupted run loses nothing and a
+Every finished episode is appended to `out_dir/episodes.jsonl` at once (turn by turn: action, observation, reward, tool
+calls), so an interrupted run loses nothing and a
 re-run skips what is done. Episodes that end in an error (endpoint down, 401, context length, ...) are
 recorded with the error, counted in the summary, left out of the scores, and tried again on a re-run.
 """
@@ -18,9 +19,10 @@ import os
 import time
 import zlib
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from envhub.agents.base import Agent, AgentError
 from envhub.errors import ConfigError
@@ -99,7 +101,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(records: Iterable[EpisodeRecord | dict[str, Any]], ks: Sequence[int]) -> dict[str, dict[str, Any]]:
-    """`{group: {episodes, mean_reward, stderr, pass_at_k: {k: value}, errors}}` over the latest record of each episode."""
+    """`{group: {episodes, mean_reward, stderr, pass_at_k: {k: value}, errors}}` over the latest record of each
+    episode."""
     latest: dict[tuple, dict[str, Any]] = {}
     for r in records:
         r = asdict(r) if isinstance(r, EpisodeRecord) else r
@@ -128,7 +131,13 @@ def summarize(records: Iterable[EpisodeRecord | dict[str, Any]], ks: Sequence[in
                 errors[r["error_kind"]] += 1
             if r.get("malformed_tool_calls"):
                 errors["malformed_tool_call"] += int(r["malformed_tool_calls"])
-        summary[group] = {"episodes": n, "mean_reward": mean, "stderr": stderr, "pass_at_k": pass_k, "errors": dict(sorted(errors.items()))}
+        summary[group] = {
+            "episodes": n,
+            "mean_reward": mean,
+            "stderr": stderr,
+            "pass_at_k": pass_k,
+            "errors": dict(sorted(errors.items())),
+        }
     return summary
 
 
@@ -211,7 +220,9 @@ def agent_opponent(agent: Agent, key: EpisodeKey) -> Callable[[str, list[str]], 
     return policy
 
 
-async def run_episode(key: EpisodeKey, agent_factory: AgentFactory, config: EvalConfig, agent_name: str = "") -> EpisodeRecord:
+async def run_episode(
+    key: EpisodeKey, agent_factory: AgentFactory, config: EvalConfig, agent_name: str = ""
+) -> EpisodeRecord:
     """Play one episode to its end or a limit; errors are recorded, never raised (cancellation excepted)."""
     record = EpisodeRecord(key.env_id, key.seed, key.attempt, key.seat, agent_name)
     started = time.monotonic()
@@ -222,7 +233,7 @@ async def run_episode(key: EpisodeKey, agent_factory: AgentFactory, config: Eval
         record.agent = record.agent or agent.name
         env = make_env(key, config)
         await asyncio.wait_for(_play(env, agent, key, config, record), timeout=config.episode_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         record.finish, record.error_kind = "timeout", "timeout"
         record.error = f"the episode passed its {config.episode_timeout_s:g} s limit"
     except AgentError as exc:
@@ -254,10 +265,14 @@ async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, rec
         obs, reward, terminated, truncated, info = await env.astep(action)
         parsed = parse_tool_calls(action)
         record.malformed_tool_calls += bool(parsed.errors)
-        record.turns.append({
-            "action": action, "observation": obs[:MAX_TEXT], "reward": float(reward),
-            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
-        })
+        record.turns.append(
+            {
+                "action": action,
+                "observation": obs[:MAX_TEXT],
+                "reward": float(reward),
+                "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            }
+        )
         record.reward += float(reward)
         record.steps += 1
         if terminated or truncated:
@@ -300,7 +315,10 @@ async def evaluate(
     if not ks or ks[0] < 1:
         raise ConfigError(f"k must be positive, got {list(k)}")
     if samples < ks[-1]:
-        raise ConfigError(f"pass@{ks[-1]} needs at least {ks[-1]} attempts per task, got samples={samples}", hint="raise --samples or lower -k")
+        raise ConfigError(
+            f"pass@{ks[-1]} needs at least {ks[-1]} attempts per task, got samples={samples}",
+            hint="raise --samples or lower -k",
+        )
     if concurrency < 1 or not task_seeds:
         raise ConfigError("concurrency and the number of episodes must be at least 1")
     _check_envs(env_ids, config)
@@ -308,7 +326,9 @@ async def evaluate(
     previous = log.load() if log else []
     done = {EpisodeKey(r["env_id"], r["seed"], r["attempt"], r["seat"]) for r in previous if not r.get("error_kind")}
     todo = [key for key in episode_keys(env_ids, task_seeds, samples, config) if key not in done]
-    wanted = {(key.env_id, key.seed, key.attempt, key.seat) for key in episode_keys(env_ids, task_seeds, samples, config)}
+    wanted = {
+        (key.env_id, key.seed, key.attempt, key.seat) for key in episode_keys(env_ids, task_seeds, samples, config)
+    }
     records: list[Any] = [r for r in previous if (r["env_id"], r["seed"], r["attempt"], r["seat"]) in wanted]
     semaphore = asyncio.Semaphore(concurrency)
     bar = _progress_bar(len(todo)) if progress else None
@@ -323,7 +343,9 @@ async def evaluate(
             on_episode(record)
         if bar is not None:
             bar.update(1)
-            bar.set_postfix_str(f"{key.group} reward {record.reward:.2f}" + (f" error {record.error_kind}" if record.error_kind else ""))
+            bar.set_postfix_str(
+                f"{key.group} reward {record.reward:.2f}" + (f" error {record.error_kind}" if record.error_kind else "")
+            )
 
     try:
         await asyncio.gather(*(one(key) for key in todo))
@@ -353,7 +375,10 @@ def _open_run(out_dir: str | Path, agent_name: str, env_ids: Sequence[str]) -> E
     if run_file.exists():
         earlier = json.loads(run_file.read_text()).get("agent", "")
         if earlier != agent_name:
-            raise ConfigError(f"{path} holds an evaluation of agent {earlier!r}, not {agent_name!r}", hint="use another --out directory")
+            raise ConfigError(
+                f"{path} holds an evaluation of agent {earlier!r}, not {agent_name!r}",
+                hint="use another --out directory",
+            )
     else:
         _write_json(run_file, {"agent": agent_name, "envs": list(env_ids)})
     return EpisodeLog(path / "episodes.jsonl")

@@ -43,7 +43,14 @@ class SamplingParams:
         if self.seed is not None:
             params["sampling_seed"] = self.seed
         defaults = SamplingParams()
-        for name in ("min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "min_new_tokens", "ignore_eos"):
+        for name in (
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+            "min_new_tokens",
+            "ignore_eos",
+        ):
             if getattr(self, name) != getattr(defaults, name):
                 params[name] = getattr(self, name)
         if self.logit_bias:

@@ -12,8 +12,9 @@ import importlib.metadata
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 
@@ -66,7 +67,7 @@ _missing_families: dict[str, str] = {}  # id prefix -> why that adapted family r
 
 def _normalize(env_id: str) -> str:
     prefix = NAMESPACE + "/"
-    return env_id[len(prefix):] if env_id.startswith(prefix) else env_id
+    return env_id[len(prefix) :] if env_id.startswith(prefix) else env_id
 
 
 def register(
@@ -201,7 +202,9 @@ class AsyncEnvWrapper(gym.Wrapper):
         self._max_episode_steps = env.spec.max_episode_steps if env.spec is not None else None
         self._elapsed_steps = 0
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         self._elapsed_steps = 0
         return await self.unwrapped.areset(seed=seed, options=options)
 
@@ -231,5 +234,7 @@ def make_multiagent(env_id: str, **kwargs: Any) -> Any:
     """Build a multi-agent (PettingZoo) env by id."""
     env_spec = spec(env_id)
     if not env_spec.multiagent:
-        raise RegistrationError(f"{env_spec.id} is a single-agent environment", hint=f"use envhub.make({env_spec.id!r})")
+        raise RegistrationError(
+            f"{env_spec.id} is a single-agent environment", hint=f"use envhub.make({env_spec.id!r})"
+        )
     return env_spec.load()(**{**env_spec.kwargs, **kwargs})

@@ -24,7 +24,6 @@ from envhub.core import AgentEnv, UnicodeText
 from envhub.errors import EnvhubError, EnvNotFound, ResetNeeded
 from envhub.wire import TOKEN_ENV
 
-
 if TYPE_CHECKING:  # aiohttp is imported on first use, keeping `import envhub` light
     import aiohttp
 
@@ -34,13 +33,25 @@ class RemoteError(EnvhubError):
 
 
 def _serve_hint(url: str) -> str:
-    return f"check that the server is running (`envhub serve --port {urllib.parse.urlsplit(url).port or 80}`) and reachable at {url}"
+    return (
+        f"check that the server is running (`envhub serve --port {urllib.parse.urlsplit(url).port or 80}`) and "
+        f"reachable at {url}"
+    )
 
 
 class RemoteEnv(AgentEnv):
     """The env `env_id` built with `kwargs` on the envhub server at `url` (token: argument, else $ENVHUB_TOKEN)."""
 
-    def __init__(self, url: str, env_id: str, *, request_timeout: float = 120.0, connect_timeout: float = 5.0, token: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        env_id: str,
+        *,
+        request_timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        token: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.url = url.rstrip("/")
         token = token or os.environ.get(TOKEN_ENV)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}  # never logged or put in errors
@@ -67,52 +78,75 @@ class RemoteEnv(AgentEnv):
             client = self._clients[loop] = aiohttp.ClientSession()
         return client
 
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None) -> dict[str, Any]:
+    async def _request(
+        self, method: str, path: str, payload: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> dict[str, Any]:
         import aiohttp
 
         limit = aiohttp.ClientTimeout(total=timeout or self.request_timeout, sock_connect=self.connect_timeout)
         deadline = time.monotonic() + limit.total
         try:
             while True:
-                async with (await self._client()).request(method, self.url + path, json=payload, timeout=limit, headers=self._headers) as reply:
+                async with (await self._client()).request(
+                    method, self.url + path, json=payload, timeout=limit, headers=self._headers
+                ) as reply:
                     text = await reply.text()
                     status, retry_after = reply.status, reply.headers.get("Retry-After", "")
                 wait = float(retry_after) if status == 429 and retry_after.isdigit() else None
                 if wait is None or time.monotonic() + wait > deadline:
                     break
                 await asyncio.sleep(wait)  # rate limited: the server says when to come back
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RemoteError(
                 f"envhub server at {self.url} stopped answering: no reply to {method} {path} within {limit.total:g}s",
                 hint=_serve_hint(self.url) + "; for slow envs raise RemoteEnv(request_timeout=...)",
             ) from None
         except aiohttp.ClientConnectorError as exc:
             what = "stopped answering mid-episode" if self.session_id is not None else "cannot be reached"
-            raise RemoteError(f"envhub server at {self.url} {what}: {exc.os_error}", hint=_serve_hint(self.url)) from None
+            raise RemoteError(
+                f"envhub server at {self.url} {what}: {exc.os_error}", hint=_serve_hint(self.url)
+            ) from None
         except aiohttp.ClientError as exc:
-            raise RemoteError(f"envhub server at {self.url} stopped answering: {type(exc).__name__}: {exc}", hint=_serve_hint(self.url)) from None
+            raise RemoteError(
+                f"envhub server at {self.url} stopped answering: {type(exc).__name__}: {exc}",
+                hint=_serve_hint(self.url),
+            ) from None
         body = _error_body(text) if status >= 400 else json.loads(text)
         if status < 400:
             return body
         if status == 401:
-            raise RemoteError(f"envhub server at {self.url} refused {method} {path} (401): {body['error']}",
-                              hint=f"pass RemoteEnv(token=...) or set {TOKEN_ENV} to the server's token")
+            raise RemoteError(
+                f"envhub server at {self.url} refused {method} {path} (401): {body['error']}",
+                hint=f"pass RemoteEnv(token=...) or set {TOKEN_ENV} to the server's token",
+            )
         if status == 409:
             raise ResetNeeded(body["error"], hint=body.get("hint", "call reset()"))
         if status == 404 and path == "/sessions":
             raise EnvNotFound(body["error"], hint=body.get("hint", ""))
-        raise RemoteError(f"envhub server at {self.url} refused {method} {path} ({status}): {body['error']}", hint=body.get("hint", ""))
+        raise RemoteError(
+            f"envhub server at {self.url} refused {method} {path} ({status}): {body['error']}",
+            hint=body.get("hint", ""),
+        )
 
     # -- AgentEnv -----------------------------------------------------------------------------
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         await super().areset(seed=seed)  # seeds the local np_random, as gymnasium expects
         await self._close_session()
-        reply = await self._request("POST", "/sessions", {"env_id": self.env_id, "kwargs": self.env_kwargs, "reset": True, "seed": seed, "options": options})
+        reply = await self._request(
+            "POST",
+            "/sessions",
+            {"env_id": self.env_id, "kwargs": self.env_kwargs, "reset": True, "seed": seed, "options": options},
+        )
         self.session_id = reply["session_id"]
         for name in ("observation_space", "action_space"):
             described = reply.get(name) or {}
             current = getattr(self, name)
-            if described.get("type") == "Text" and (current.min_length, current.max_length) != (described.get("min_length", 0), described["max_length"]):
+            if described.get("type") == "Text" and (current.min_length, current.max_length) != (
+                described.get("min_length", 0),
+                described["max_length"],
+            ):
                 setattr(self, name, UnicodeText(described["max_length"], min_length=described.get("min_length", 0)))
         return reply["observation"], reply["info"]
 
@@ -120,7 +154,13 @@ class RemoteEnv(AgentEnv):
         if self.session_id is None:
             raise ResetNeeded(f"step() before reset() on remote {self.env_id}", hint="call reset() first")
         reply = await self._request("POST", f"/sessions/{self.session_id}/step", {"action": action})
-        return reply["observation"], float(reply["reward"]), bool(reply["terminated"]), bool(reply["truncated"]), reply["info"]
+        return (
+            reply["observation"],
+            float(reply["reward"]),
+            bool(reply["terminated"]),
+            bool(reply["truncated"]),
+            reply["info"],
+        )
 
     async def _close_session(self) -> None:
         sid, self.session_id = self.session_id, None

@@ -14,7 +14,8 @@ chips won, +-1 or +-2). An illegal or unreadable move changes nothing on the boa
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable, ClassVar, Union
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from envhub.errors import ConfigError, ResetNeeded
 from envhub.toolcalls import parse_tool_calls
 from envhub.tools import tool
 
-OpponentPolicy = Callable[[str, list[str]], Union[str, int, Awaitable[Union[str, int]]]]
+OpponentPolicy = Callable[[str, list[str]], str | int | Awaitable[str | int]]
 OPPONENTS = ("random", "scripted", "perfect")
 FORFEIT_REWARD = -1.0
 
@@ -64,7 +65,11 @@ class SelfPlay(AgentEnv):
             game = make_multiagent(game, **(game_kwargs or {}))
         # free-text games (TextArena through envhub.envs.adapters) take the agent's text as the move
         self.free_text = bool(getattr(game, "free_text_moves", False))
-        needs = ("observe_text", "current_seat", "random_move") if self.free_text else ("parse_move", "legal_actions", "move_name", "observe_text", "solver_action", "current_seat")
+        needs = (
+            ("observe_text", "current_seat", "random_move")
+            if self.free_text
+            else ("parse_move", "legal_actions", "move_name", "observe_text", "solver_action", "current_seat")
+        )
         for needed in needs:
             if not hasattr(game, needed):
                 raise ConfigError(
@@ -72,7 +77,10 @@ class SelfPlay(AgentEnv):
                     hint="pass an id such as 'TicTacToe-v0' or an envhub.envs.games TurnGame instance",
                 )
         if not (callable(opponent) or opponent in OPPONENTS):
-            raise ConfigError(f"unknown opponent {opponent!r}", hint=f"use one of {', '.join(OPPONENTS)} or a callable (text, legal_moves) -> move")
+            raise ConfigError(
+                f"unknown opponent {opponent!r}",
+                hint=f"use one of {', '.join(OPPONENTS)} or a callable (text, legal_moves) -> move",
+            )
         if seat not in (0, 1, "random"):
             raise ConfigError(f"seat must be 0, 1 or 'random', got {seat!r}")
         if max_illegal < 1:
@@ -95,7 +103,9 @@ class SelfPlay(AgentEnv):
         )
 
     # -- episode ------------------------------------------------------------------------------
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         _, info = await super().areset(seed=seed, options=options)
         if self.seat_choice == "random":
             self.seat = int(self.np_random.integers(2))
@@ -197,7 +207,12 @@ class SelfPlay(AgentEnv):
     def _info(self, opponent_moves: list[str]) -> dict[str, Any]:
         if self.free_text:
             outcome = self.game.outcome()
-            return {"seat": self.seat, "opponent_moves": opponent_moves, "illegal_streak": self._illegal_streak, "result": None if outcome is None else float(outcome[self.seat])}
+            return {
+                "seat": self.seat,
+                "opponent_moves": opponent_moves,
+                "illegal_streak": self._illegal_streak,
+                "result": None if outcome is None else float(outcome[self.seat]),
+            }
         legal = self.game.legal_actions() if self.game.current_seat() == self.seat else []
         mask = [0] * self.game.num_actions
         for a in legal:

@@ -16,8 +16,9 @@ import asyncio
 import inspect
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from envhub.tools import Tool, ToolContext, ToolError, ToolTimeout
 
@@ -80,7 +81,11 @@ def parse_tool_calls(action: Any, tools: Iterable[Tool] | None = None) -> Parsed
         if isinstance(action, bytes) and "\ufffd" in text:
             errors.append("your action contained bytes that are not valid UTF-8; they were replaced with �")
         if len(text) > MAX_ACTION_CHARS:
-            return ParsedAction(text[:MAX_ACTION_CHARS], (), (f"your action is {len(text)} characters long; the limit is {MAX_ACTION_CHARS}",))
+            return ParsedAction(
+                text[:MAX_ACTION_CHARS],
+                (),
+                (f"your action is {len(text)} characters long; the limit is {MAX_ACTION_CHARS}",),
+            )
         tagged = _TAGGED.findall(text)
         if tagged:
             raw.extend(tagged)
@@ -114,7 +119,9 @@ def _to_call(item: Any, index: int, errors: list[str]) -> ToolCall | None:
         try:
             item = json.loads(body)
         except json.JSONDecodeError as exc:
-            errors.append(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); {FORMAT_HINT}")
+            errors.append(
+                f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); {FORMAT_HINT}"
+            )
             return None
     if not isinstance(item, dict):
         errors.append(f"{where} must be a JSON object, got {type(item).__name__}; {FORMAT_HINT}")
@@ -158,7 +165,9 @@ def _validate(call: ToolCall, known: dict[str, Tool], errors: list[str]) -> Tool
         coerced = _coerce(value, props[key])
         if coerced is _INVALID:
             schema = props[key]
-            expected = "one of " + ", ".join(map(str, schema["enum"])) if "enum" in schema else schema.get("type", "a value")
+            expected = (
+                "one of " + ", ".join(map(str, schema["enum"])) if "enum" in schema else schema.get("type", "a value")
+            )
             errors.append(f"{call.name}: argument {key!r} should be {expected}, got {json.dumps(value)[:80]}")
             return None
         arguments[key] = coerced
@@ -175,7 +184,9 @@ def _coerce(value: Any, schema: dict[str, Any]) -> Any:
     if "enum" in schema and value not in schema["enum"]:
         return _INVALID
     if kind == "string":
-        return value if isinstance(value, str) else (json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+        return (
+            value if isinstance(value, str) else (json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+        )
     if kind == "integer":
         if isinstance(value, bool):
             return _INVALID
@@ -214,12 +225,17 @@ class ToolResult:
     timed_out: bool = False
 
 
-async def run_tool_call(call: ToolCall, tools: Iterable[Tool], ctx: ToolContext | None = None, *, timeout: float | None = None) -> ToolResult:
-    """Execute a validated call; any failure (a timeout after `timeout` seconds included) becomes a readable `ToolResult` with ok=False."""
+async def run_tool_call(
+    call: ToolCall, tools: Iterable[Tool], ctx: ToolContext | None = None, *, timeout: float | None = None
+) -> ToolResult:
+    """Execute a validated call; any failure (a timeout after `timeout` seconds included) becomes a readable
+    `ToolResult` with ok=False."""
     known = {t.name: t for t in tools}
     tool = known.get(call.name)
     if tool is None:
-        return ToolResult(call, f"error: unknown tool {call.name!r}; available tools: {', '.join(sorted(known))}", False)
+        return ToolResult(
+            call, f"error: unknown tool {call.name!r}; available tools: {', '.join(sorted(known))}", False
+        )
     try:
         if timeout is not None and inspect.iscoroutinefunction(tool.function):
             output = await asyncio.wait_for(tool(call.arguments, ctx), timeout)
@@ -227,8 +243,10 @@ async def run_tool_call(call: ToolCall, tools: Iterable[Tool], ctx: ToolContext 
             output = await tool(call.arguments, ctx)
     except ToolTimeout as exc:
         return ToolResult(call, str(exc), False, timed_out=True)
-    except asyncio.TimeoutError:
-        return ToolResult(call, f"error: {call.name} did not finish within {timeout:g} s and was stopped", False, timed_out=True)
+    except TimeoutError:
+        return ToolResult(
+            call, f"error: {call.name} did not finish within {timeout:g} s and was stopped", False, timed_out=True
+        )
     except ToolError as exc:
         return ToolResult(call, f"error: {exc}", False)
     except Exception as exc:  # the agent reads what went wrong; the episode goes on

@@ -21,13 +21,15 @@ import asyncio
 import contextlib
 import inspect
 import weakref
+from collections.abc import Coroutine
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, AsyncContextManager, ClassVar, Coroutine, Literal
+from typing import Any, ClassVar, Literal
 
 from envhub.core import AgentEnv, run_sync
 from envhub.errors import ResetNeeded, SandboxError
 from envhub.toolcalls import ToolCall, ToolResult, parse_tool_calls, run_tool_call
-from envhub.tools import Tool, ToolContext
+from envhub.tools import ToolContext
 
 MAX_OBSERVATION_CHARS = 100_000
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
@@ -58,7 +60,9 @@ def _run_inline(coro: Coroutine[Any, Any, Any]) -> Any:
     except StopIteration as stop:
         return stop.value
     coro.close()
-    raise RuntimeError("a sync tool env awaited I/O; make the tool or hook `async` so envhub drives it on an event loop")
+    raise RuntimeError(
+        "a sync tool env awaited I/O; make the tool or hook `async` so envhub drives it on an event loop"
+    )
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -77,7 +81,7 @@ class ToolEnv(AgentEnv):
     tool_timeout: ClassVar[float | None] = 120.0
     #: Steps before `out_of_steps()` ends the episode (None: no limit of the env's own).
     max_steps: int | None = None
-    #: The observation for an action that holds no tool call (when `on_text` does not handle it); "" names the env's tools.
+    #: The observation for an action holding no tool call (when `on_text` does not handle it); "" names the tools.
     no_call_message: ClassVar[str] = ""
 
     # per-episode state; class-level defaults so subclasses need not call super().__init__()
@@ -91,7 +95,9 @@ class ToolEnv(AgentEnv):
     # -- what an author writes ------------------------------------------------------------------
     def setup(self, options: dict[str, Any]) -> str | tuple[str, dict[str, Any]]:
         """Start an episode (self.np_random is seeded); return the first observation, optionally with extra info."""
-        raise NotImplementedError(f"{type(self).__name__} must implement setup(options) returning the first observation")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement setup(options) returning the first observation"
+        )
 
     def on_text(self, text: str) -> str | None:
         """Handle an action without tool calls (e.g. a plain-text answer); None gives `no_call_message`."""
@@ -154,11 +160,22 @@ class ToolEnv(AgentEnv):
         """True when no hook the subclass wrote and no tool is async: the sync API then runs inline."""
         cached = self.__dict__.get("_sync")
         if cached is None:
-            hooks = ("setup", "on_text", "observe", "step_info", "out_of_steps", "make_context", "call_tool", "acquire", "release")
+            hooks = (
+                "setup",
+                "on_text",
+                "observe",
+                "step_info",
+                "out_of_steps",
+                "make_context",
+                "call_tool",
+                "acquire",
+                "release",
+            )
             cls = type(self)
             overridden = [getattr(cls, h) for h in hooks if getattr(cls, h) is not getattr(ToolEnv, h)]
             cached = not any(inspect.iscoroutinefunction(f) for f in overridden) and not any(
-                inspect.iscoroutinefunction(t.function) for t in self.tools)
+                inspect.iscoroutinefunction(t.function) for t in self.tools
+            )
             self.__dict__["_sync"] = cached
         return cached
 
@@ -174,7 +191,9 @@ class ToolEnv(AgentEnv):
         coro = self.aclose()
         _run_inline(coro) if self._is_sync() else run_sync(coro)
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         await self._end_episode()
         await super().areset(seed=seed, options=options)  # seeds self.np_random
         self.steps, self._ending, self._context = 0, None, None
@@ -241,7 +260,10 @@ class ToolEnv(AgentEnv):
             per_step = "one call" if len(allowed) == 1 else f"at most {len(allowed)} calls"
             text += f"\n[note: only {ran} of your {len(calls)} tool calls ran; make {per_step} per step]"
         if len(results) < len(allowed):
-            text += f"\n[note: the episode ended at call {len(results)}; the {len(allowed) - len(results)} call(s) after it did not run]"
+            text += (
+                f"\n[note: the episode ended at call {len(results)}; the {len(allowed) - len(results)} call(s) "
+                f"after it did not run]"
+            )
         summary = [{"name": r.call.name, "ok": r.ok, "timed_out": r.timed_out} for r in results]
         return text, summary
 
@@ -276,7 +298,8 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...
 
 
 def shared_pool(spec: SandboxSpec) -> Any:
-    """The process-wide `SandboxPool` for `spec` on the running event loop (created lazily, started on first acquire)."""
+    """The process-wide `SandboxPool` for `spec` on the running event loop (created lazily, started on first
+    acquire)."""
     from envhub.sandboxes import SandboxPool
 
     if spec.backend not in ("docker", "bwrap", "local"):
@@ -284,8 +307,9 @@ def shared_pool(spec: SandboxSpec) -> Any:
     pools = _pools.setdefault(asyncio.get_running_loop(), {})
     key = (spec.backend, spec.image, repr(spec.limits), spec.pool_size, spec.max_pool_size)
     if key not in pools:
-        pools[key] = SandboxPool(backend=spec.backend, image=spec.image, size=spec.pool_size,
-                                 max_size=spec.max_pool_size, limits=spec.limits)
+        pools[key] = SandboxPool(
+            backend=spec.backend, image=spec.image, size=spec.pool_size, max_size=spec.max_pool_size, limits=spec.limits
+        )
     return pools[key]
 
 
@@ -316,11 +340,16 @@ class SandboxToolEnv(ToolEnv):
         return self.pool if self.pool is not None else shared_pool(self.sandbox_spec)
 
     def make_context(self) -> ToolContext:
-        return ToolContext(sandbox=self._sandbox, workdir=self.workdir or self.sandbox_spec.workdir, env=self,
-                           command_timeout=self.sandbox_spec.command_timeout)
+        return ToolContext(
+            sandbox=self._sandbox,
+            workdir=self.workdir or self.sandbox_spec.workdir,
+            env=self,
+            command_timeout=self.sandbox_spec.command_timeout,
+        )
 
-    def open_sandbox(self) -> AsyncContextManager[Any]:
-        """The context manager that yields this episode's sandbox; override to choose one per episode (e.g. by image)."""
+    def open_sandbox(self) -> AbstractAsyncContextManager[Any]:
+        """The context manager that yields this episode's sandbox; override to choose one per episode (e.g. by
+        image)."""
         return self.get_pool().acquire()
 
     async def acquire(self, options: dict[str, Any]) -> None:

@@ -15,18 +15,34 @@ import re
 import shlex
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from envhub.errors import SandboxError
 
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
+}
 
 
 class SupportsExec(Protocol):
     """The part of `envhub.sandboxes.Sandbox` that tools rely on."""
 
-    async def exec(self, cmd: str, *, timeout: float, stdin: str | None = None, cwd: str | None = None, env: dict[str, str] | None = None) -> Any: ...
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        stdin: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Any: ...
     async def read_file(self, path: str) -> bytes: ...
     async def write_file(self, path: str, data: bytes | str) -> None: ...
 
@@ -66,7 +82,10 @@ class Tool:
     @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI-style tool schema: {"type": "function", "function": {name, description, parameters}}."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     async def __call__(self, arguments: dict[str, Any], ctx: ToolContext | None = None) -> Any:
         kwargs = dict(arguments)
@@ -214,7 +233,9 @@ async def _path_problem(path: str, ctx: ToolContext, exc: Exception) -> str:
     if "larger than" in message:
         return message.split(": ", 1)[-1]  # "larger than N MiB", written by the sandbox itself
     try:
-        probe = await _sandbox(ctx).exec(f"sh -c {shlex.quote(_PATH_PROBE)} probe {shlex.quote(_resolve(path, ctx))}", timeout=10)
+        probe = await _sandbox(ctx).exec(
+            f"sh -c {shlex.quote(_PATH_PROBE)} probe {shlex.quote(_resolve(path, ctx))}", timeout=10
+        )
         return probe.stdout.strip() or "it could not be read"
     except Exception:
         return "it could not be read"

@@ -11,20 +11,31 @@ import numpy as np
 
 TOKEN_ENV = "ENVHUB_TOKEN"  # the bearer token of `envhub serve`, read by the server and by the client
 
-# The env server's routes (envhub.server.env_server), kept apart from it so that `envhub --help` does not import aiohttp.
+# The env server's routes (envhub.server.env_server), apart from it so that `envhub --help` does not import aiohttp.
 ENDPOINTS = (
     ("GET", "/health", "", '{"status": "ok", "sessions", "max_sessions"} (no token needed)'),
     ("GET", "/envs", "", "[{id, tags, description, multiagent, max_episode_steps}] of the served envs"),
     ("GET", "/envs/{env_id}", "", "one of the above"),
-    ("POST", "/sessions", '{"env_id", "kwargs"?, "reset"?, "seed"?, "options"?}', '{"session_id", "observation_space", "action_space"[, "observation", "info"]}'),
+    (
+        "POST",
+        "/sessions",
+        '{"env_id", "kwargs"?, "reset"?, "seed"?, "options"?}',
+        '{"session_id", "observation_space", "action_space"[, "observation", "info"]}',
+    ),
     ("POST", "/sessions/{id}/reset", '{"seed"?, "options"?}', '{"observation", "info"}'),
-    ("POST", "/sessions/{id}/step", '{"action": text | tool-call object}', '{"observation", "reward", "terminated", "truncated", "info"}'),
+    (
+        "POST",
+        "/sessions/{id}/step",
+        '{"action": text | tool-call object}',
+        '{"observation", "reward", "terminated", "truncated", "info"}',
+    ),
     ("DELETE", "/sessions/{id}", "", '{"closed": id}'),
 )
 
 
 def endpoints_text() -> str:
-    """The endpoint table of `envhub.server.env_server`, for `envhub serve --help` (404/405 answers list ENDPOINTS too)."""
+    """The endpoint table of `envhub.server.env_server`, for `envhub serve --help` (404/405 answers list ENDPOINTS
+    too)."""
     return "\n".join(f"  {method:<6} {path:<22} {body:<52} -> {reply}" for method, path, body, reply in ENDPOINTS)
 
 

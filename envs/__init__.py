@@ -1,4 +1,5 @@
-"""Bundled environments; `register_builtin_envs()` adds them to the registry (classes load lazily)."""
+"""Bundled environments (installed as `envhub.envs` from the top-level `envs/` folder); `register_builtin_envs()` adds
+them to the registry (classes load lazily)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,20 @@ def register_builtin_envs() -> None:
     for game, module, about in (
         ("TicTacToe", "tictactoe:TicTacToeEnv", "Three in a row on a 3x3 board, with a perfect minimax player."),
         ("ConnectFour", "connect_four:ConnectFourEnv", "Four in a row on a 6x7 grid, with an alpha-beta player."),
-        ("KuhnPoker", "kuhn_poker:KuhnPokerEnv", "One hand of three-card poker (hidden information), with a Nash player."),
+        (
+            "KuhnPoker",
+            "kuhn_poker:KuhnPokerEnv",
+            "One hand of three-card poker (hidden information), with a Nash player.",
+        ),
     ):
-        register(f"{game}-v0", f"envhub.envs.games.{module}", multiagent=True, tags=("game",), description=about, source="envhub")
+        register(
+            f"{game}-v0",
+            f"envhub.envs.games.{module}",
+            multiagent=True,
+            tags=("game",),
+            description=about,
+            source="envhub",
+        )
         register(
             f"{game}-SelfPlay-v0",
             "envhub.selfplay:SelfPlay",
@@ -90,6 +102,7 @@ def register_builtin_envs() -> None:
         "SWE-v0",
         "envhub.envs.swe:SWEEnv",
         tags=("swe", "sandbox", "single-agent"),
-        description="Fix a real bug in a Python repository (SWE-bench format); graded by hidden tests in a fresh sandbox.",
+        description="Fix a real bug in a Python repository (SWE-bench format); graded by hidden tests in a fresh "
+        "sandbox.",
         source="envhub",
     )

@@ -24,7 +24,8 @@ def direction_word(text: str) -> tuple[str | None, str]:
 
 
 class GridToolEnv(ToolEnv):
-    """A grid game played with a `move(direction)` tool; a reply without a tool call moves by its last direction word."""
+    """A grid game played with a `move(direction)` tool; a reply without a tool call moves by its last direction
+    word."""
 
     def on_text(self, text: str) -> str:
         """A reply without a tool call: its last direction word is the move."""

@@ -36,9 +36,13 @@ class FrozenLakeEnv(GridToolEnv):
         'Reply with one move: a tool call <tool_call>{"name": "move", "arguments": {"direction": "down"}}</tool_call>, '
         "or just the word up, down, left or right (the last direction word in your reply is used)."
     )
-    reward_doc = "1.0 on reaching the goal G (episode ends), 0.0 otherwise; falling into a hole ends the episode with 0.0."
+    reward_doc = (
+        "1.0 on reaching the goal G (episode ends), 0.0 otherwise; falling into a hole ends the episode with 0.0."
+    )
 
-    def __init__(self, size: int = 4, hole_fraction: float = 0.2, slippery: bool = False, render_mode: str | None = None) -> None:
+    def __init__(
+        self, size: int = 4, hole_fraction: float = 0.2, slippery: bool = False, render_mode: str | None = None
+    ) -> None:
         if size < 2:
             raise ValueError(f"FrozenLake size must be at least 2, got {size}")
         if not 0.0 <= hole_fraction < 1.0:
@@ -92,7 +96,10 @@ class FrozenLakeEnv(GridToolEnv):
             if self._shortest_path((0, 0)) is not None:
                 break
         else:
-            raise RuntimeError(f"no {self.size}x{self.size} map with a path to the goal in 10000 draws; lower hole_fraction={self.hole_fraction}")
+            raise RuntimeError(
+                f"no {self.size}x{self.size} map with a path to the goal in 10000 draws; lower "
+                f"hole_fraction={self.hole_fraction}"
+            )
         self.position, self._policy, self._moved_at = (0, 0), None, 0
         obs = f"A new {self.size}x{self.size} lake{' (slippery ice!)' if self.slippery else ''}.\n{self.render_text()}"
         return obs, self._info(invalid=False)
@@ -119,7 +126,8 @@ class FrozenLakeEnv(GridToolEnv):
         if self.position is None:
             return "(no lake yet: call reset())"
         rows = [
-            "".join("P" if (r, c) == self.position else tile for c, tile in enumerate(row)) for r, row in enumerate(self.grid)
+            "".join("P" if (r, c) == self.position else tile for c, tile in enumerate(row))
+            for r, row in enumerate(self.grid)
         ]
         r, c = self.position
         under = {"S": "the start", "F": "ice", "H": "a hole", "G": "the goal"}[self.grid[r][c]]
@@ -180,7 +188,9 @@ class FrozenLakeEnv(GridToolEnv):
             return [(direction, 1.0)]
         return [(d, 1 / 3) for d in (direction, *PERPENDICULAR[direction])]
 
-    def _value_iteration(self, discount: float = 0.999, tolerance: float = 1e-12) -> tuple[dict[Cell, str], dict[Cell, float]]:
+    def _value_iteration(
+        self, discount: float = 0.999, tolerance: float = 1e-12
+    ) -> tuple[dict[Cell, str], dict[Cell, float]]:
         """Policy from discounted value iteration (the discount breaks ties towards shorter routes,
         so the policy never walks into an edge forever); values are its undiscounted success chance."""
         cells = [(r, c) for r in range(self.size) for c in range(self.size)]

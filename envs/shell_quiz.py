@@ -31,13 +31,20 @@ class ShellQuizEnv(SandboxToolEnv):
     system_prompt = SYSTEM_PROMPT
     reward_doc = "1.0 when the submitted answer equals the true count, else 0.0"
     no_call_message = (
-        'No tool call found. Call bash, e.g. <tool_call>{"name": "bash", "arguments": {"command": "cat notes.txt"}}</tool_call>, '
+        'No tool call found. Call bash, e.g. <tool_call>{"name": "bash", "arguments": {"command": "cat '
+        'notes.txt"}}</tool_call>, '
         "or submit."
     )
     tool_timeout = None  # sandbox commands carry their own hard timeout (command_timeout)
 
-    def __init__(self, backend: str = "docker", image: str | None = None, max_steps: int = 4, pool: Any = None,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: str = "docker",
+        image: str | None = None,
+        max_steps: int = 4,
+        pool: Any = None,
+        render_mode: str | None = None,
+    ) -> None:
         if backend not in ("docker", "bwrap", "local"):
             raise ConfigError(f"unknown sandbox backend {backend!r}", hint="use 'docker', 'bwrap' or 'local'")
         # the pool is the process-wide one of (backend, image), shared with SWE-v0 and every other sandboxed env
@@ -66,7 +73,9 @@ class ShellQuizEnv(SandboxToolEnv):
         return f"{question} The file is /workspace/notes.txt.", {"question": question}
 
     def make_context(self) -> ToolContext:
-        return ToolContext(sandbox=self._sandbox, workdir="/workspace", env=self, command_timeout=10.0, max_output_chars=2000)
+        return ToolContext(
+            sandbox=self._sandbox, workdir="/workspace", env=self, command_timeout=10.0, max_output_chars=2000
+        )
 
     async def call_tool(self, call: ToolCall) -> ToolResult:
         if call.name != "submit":

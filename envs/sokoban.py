@@ -39,7 +39,10 @@ class SokobanEnv(GridToolEnv):
         'Reply with one move: a tool call <tool_call>{"name": "move", "arguments": {"direction": "left"}}</tool_call>, '
         "or just the word up, down, left or right (the last direction word in your reply is used)."
     )
-    reward_doc = "1.0 when every box is on a target (episode ends), else 0.0; shaped=True adds +0.1/-0.1 per box pushed onto/off a target."
+    reward_doc = (
+        "1.0 when every box is on a target (episode ends), else 0.0; shaped=True adds +0.1/-0.1 per box "
+        "pushed onto/off a target."
+    )
 
     def __init__(
         self,
@@ -50,13 +53,18 @@ class SokobanEnv(GridToolEnv):
         shaped: bool = False,
         render_mode: str | None = None,
     ) -> None:
-        if not (isinstance(dim, int) or (isinstance(dim, (tuple, list)) and len(dim) == 2 and all(isinstance(d, int) for d in dim))):
+        if not (
+            isinstance(dim, int)
+            or (isinstance(dim, (tuple, list)) and len(dim) == 2 and all(isinstance(d, int) for d in dim))
+        ):
             raise ValueError(f"Sokoban dim must be an integer or a [height, width] pair, got {dim!r}")
         height, width = (dim, dim) if isinstance(dim, int) else dim
         if height < 4 or width < 4:
             raise ValueError(f"Sokoban dim must be at least 4x4 (walls included), got {height}x{width}")
         if not 1 <= num_boxes <= (height - 2) * (width - 2) // 4:
-            raise ValueError(f"num_boxes={num_boxes} does not fit a {height}x{width} room; use 1..{(height - 2) * (width - 2) // 4}")
+            raise ValueError(
+                f"num_boxes={num_boxes} does not fit a {height}x{width} room; use 1..{(height - 2) * (width - 2) // 4}"
+            )
         self.height, self.width = height, width
         self.num_boxes = num_boxes
         self.scramble_steps = scramble_steps
@@ -88,7 +96,10 @@ class SokobanEnv(GridToolEnv):
         if pushed:
             if beyond in self.walls or beyond in boxes:
                 blocker = "a wall" if beyond in self.walls else "another box"
-                return f"You cannot push the box {direction}: {blocker} is behind it. Nothing changed; try another direction."
+                return (
+                    f"You cannot push the box {direction}: {blocker} is behind it. Nothing changed; try another "
+                    f"direction."
+                )
             boxes = (boxes - {ahead}) | {beyond}
             if self.shaped:
                 self.add_reward(0.1 * ((beyond in self.targets) - (ahead in self.targets)))
@@ -149,7 +160,10 @@ class SokobanEnv(GridToolEnv):
                     row.append("." if on_target else FLOOR)
             rows.append("".join(row))
         pr, pc = divmod(player, self.width)
-        status = f"Boxes on targets: {len(boxes & self.targets)}/{self.num_boxes}. You are at row {pr}, column {pc} (0-based)."
+        status = (
+            f"Boxes on targets: {len(boxes & self.targets)}/{self.num_boxes}. You are at row {pr}, column {pc} "
+            f"(0-based)."
+        )
         return "\n".join(rows) + f"\n{LEGEND}\n{status}"
 
     # -- solver --------------------------------------------------------------------------------

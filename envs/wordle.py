@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any
 
 from envhub.core import AgentEnv
 from envhub.errors import ResetNeeded
@@ -22,7 +23,10 @@ from envhub.tools import tool
 CORRECT, PRESENT, ABSENT = "G", "Y", "-"
 WORD_LENGTH = 5
 MAX_ACTION_CHARS = 20_000
-LEGEND = f"Feedback per letter: {CORRECT} = right letter, right spot; {PRESENT} = in the word, wrong spot; {ABSENT} = not in the word."
+LEGEND = (
+    f"Feedback per letter: {CORRECT} = right letter, right spot; {PRESENT} = in the word, wrong spot; {ABSENT} "
+    f"= not in the word."
+)
 _BRACKETED = re.compile(r"\[\s*([^\[\]\s]*)\s*\]")
 
 History = Sequence[tuple[str, str]]  # (guess, feedback) pairs
@@ -82,7 +86,9 @@ def _opener(words: tuple[str, ...]) -> str:
     """A strong first guess: many distinct, frequent letters, often in their usual spots."""
     letters = Counter(ch for w in words for ch in set(w))
     spots = Counter((i, ch) for w in words for i, ch in enumerate(w))
-    return max(words, key=lambda w: (sum(letters[ch] for ch in set(w)) + sum(spots[i, ch] for i, ch in enumerate(w)) / 2, w))
+    return max(
+        words, key=lambda w: (sum(letters[ch] for ch in set(w)) + sum(spots[i, ch] for i, ch in enumerate(w)) / 2, w)
+    )
 
 
 def solve_step(history: History, words: Sequence[str] | None = None) -> str:
@@ -113,7 +119,8 @@ class WordleEnv(AgentEnv):
     tools = (guess,)
     system_prompt = (
         "You are playing Wordle. Find the hidden five-letter English word. After each guess you get feedback "
-        f"for each letter: {CORRECT} = right letter in the right spot, {PRESENT} = the letter is in the word but in another spot, "
+        f"for each letter: {CORRECT} = right letter in the right spot, {PRESENT} = the letter is in the word but in "
+        f"another spot, "
         f"{ABSENT} = the letter is not in the word (repeated letters are marked as in real Wordle). "
         'Reply with one guess: a tool call <tool_call>{"name": "guess", "arguments": {"word": "crane"}}</tool_call>, '
         "or the word in square brackets like [crane] (or just the word on its own)."
@@ -154,13 +161,22 @@ class WordleEnv(AgentEnv):
             raise ResetNeeded("step() called before reset() or after the game ended", hint="call reset() first")
         word, problem = self._read_action(action)
         if word is None:
-            return f"{problem}\nThis did not use up a guess; you still have {self._left()} left.", 0.0, False, False, self._info(invalid=True)
+            return (
+                f"{problem}\nThis did not use up a guess; you still have {self._left()} left.",
+                0.0,
+                False,
+                False,
+                self._info(invalid=True),
+            )
         marks = feedback(word, self._answer)
         self.history.append((word, marks))
         solved = word == self._answer
         self.done = solved or len(self.history) >= self.max_guesses
         if solved:
-            ending = f"You found the word {word.upper()} in {len(self.history)} guess{'es' if len(self.history) > 1 else ''}!"
+            ending = (
+                f"You found the word {word.upper()} in {len(self.history)} "
+                f"guess{'es' if len(self.history) > 1 else ''}!"
+            )
         elif self.done:
             ending = f"You are out of guesses. The word was {self._answer.upper()}."
         else:
@@ -179,7 +195,11 @@ class WordleEnv(AgentEnv):
         if parsed.calls:
             raw = str(parsed.calls[-1].arguments["word"])
         elif len(parsed.text) > MAX_ACTION_CHARS:
-            return None, f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Reply with one word in brackets, e.g. [crane]."
+            return (
+                None,
+                f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Reply with one "
+                f"word in brackets, e.g. [crane].",
+            )
         else:
             bracketed = _BRACKETED.findall(parsed.text)
             alone = parsed.text.strip().strip("\"'`.!*")

@@ -98,10 +98,19 @@ class Sandbox(abc.ABC):
     ) -> ExecResult:
         """Run a shell command (or argv list); a timeout kills its processes and sets `timed_out`."""
         data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-        return await self._run(shell_command(cmd), timeout=timeout, stdin=data, cwd=cwd or self.workdir, env=env or {}, max_output=self.limits.max_output_bytes)
+        return await self._run(
+            shell_command(cmd),
+            timeout=timeout,
+            stdin=data,
+            cwd=cwd or self.workdir,
+            env=env or {},
+            max_output=self.limits.max_output_bytes,
+        )
 
     @abc.abstractmethod
-    async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
+    async def _run(
+        self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int
+    ) -> ExecResult:
         """Backend hook: run argv as the sandbox user, capping stdout and stderr at `max_output` bytes each."""
 
     @abc.abstractmethod
@@ -130,7 +139,14 @@ class Sandbox(abc.ABC):
 
         from envhub.errors import SandboxError
 
-        result = await self._run(["base64", "-w0", "--", path], timeout=60, stdin=None, cwd=self.workdir, env={}, max_output=MAX_FILE_BYTES * 4 // 3 + 4)
+        result = await self._run(
+            ["base64", "-w0", "--", path],
+            timeout=60,
+            stdin=None,
+            cwd=self.workdir,
+            env={},
+            max_output=MAX_FILE_BYTES * 4 // 3 + 4,
+        )
         if result.exit_code != 0 or result.timed_out:
             raise SandboxError(f"cannot read {path} in the sandbox: {result.stderr.strip() or 'timed out'}")
         if result.truncated:
@@ -152,7 +168,9 @@ class Sandbox(abc.ABC):
         from envhub.errors import SandboxError
 
         quoted = shlex.quote(dest)
-        result = await self.exec(f"mkdir -p {quoted} && tar -x --no-same-owner -C {quoted}", timeout=120, stdin=tar_bytes)
+        result = await self.exec(
+            f"mkdir -p {quoted} && tar -x --no-same-owner -C {quoted}", timeout=120, stdin=tar_bytes
+        )
         if result.exit_code != 0:
             raise SandboxError(f"cannot unpack an archive into {dest}: {result.stderr.strip()}")
 
@@ -162,7 +180,7 @@ class Sandbox(abc.ABC):
 
         await self.write_archive(await asyncio.to_thread(tar_directory, local_dir), dest)
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         await self.start()
         return self
 

@@ -65,7 +65,11 @@ class BwrapSandbox(Sandbox):
         self.root.mkdir(parents=True)
         if os.geteuid() == 0:
             size = (self.limits.workdir_mb + self.limits.tmp_mb) * 2**20
-            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "envhub-bwrap", str(self.root)], check=True, capture_output=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "envhub-bwrap", str(self.root)],
+                check=True,
+                capture_output=True,
+            )
             self._mounted = True
         (self.root / "workspace").mkdir()
         (self.root / "tmp").mkdir(mode=0o1777)
@@ -108,11 +112,19 @@ class BwrapSandbox(Sandbox):
         memory, files = self.limits.memory_mb * 2**20, self.limits.workdir_mb * 2**20
         return ["prlimit", f"--as={memory}", f"--nproc={self.limits.pids}", f"--fsize={files}", "--"]
 
-    async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
+    async def _run(
+        self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int
+    ) -> ExecResult:
         if self.dead or self.rootfs is None:
-            raise SandboxError("sandbox is not running (never started or closed)", hint="acquire a fresh sandbox from the pool")
+            raise SandboxError(
+                "sandbox is not running (never started or closed)", hint="acquire a fresh sandbox from the pool"
+            )
         result = await run_process(
-            self._launcher() + self._argv(argv, cwd, env), timeout=timeout, stdin=stdin, max_output=max_output, env={"PATH": _PATH}
+            self._launcher() + self._argv(argv, cwd, env),
+            timeout=timeout,
+            stdin=stdin,
+            max_output=max_output,
+            env={"PATH": _PATH},
         )
         if result.timed_out and self.cgroup is not None:
             self.cgroup.kill_all()

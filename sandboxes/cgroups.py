@@ -147,4 +147,3 @@ def remove_orphans(alive: set[str]) -> list[str]:
             except OSError:
                 pass
     return removed
-

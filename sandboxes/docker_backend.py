@@ -16,7 +16,16 @@ import uuid
 from typing import Any
 
 from envhub.errors import SandboxError
-from envhub.sandboxes.base import SANDBOX_GID, SANDBOX_UID, WORKDIR, ExecResult, ImageLayout, OutputCap, Sandbox, SandboxLimits
+from envhub.sandboxes.base import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    WORKDIR,
+    ExecResult,
+    ImageLayout,
+    OutputCap,
+    Sandbox,
+    SandboxLimits,
+)
 from envhub.sandboxes.engine_api import EngineAPI
 from envhub.sandboxes.process import pid_alive
 
@@ -43,8 +52,14 @@ def shared_client() -> Any:
 class DockerSandbox(Sandbox):
     """A sandbox backed by one Docker container made from `image`."""
 
-    def __init__(self, image: str | None = None, *, limits: SandboxLimits | None = None, labels: dict[str, str] | None = None,
-                 layout: ImageLayout | None = None) -> None:
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        limits: SandboxLimits | None = None,
+        labels: dict[str, str] | None = None,
+        layout: ImageLayout | None = None,
+    ) -> None:
         self.image = image
         self.layout = layout
         self.user = layout.user if layout else _USER
@@ -71,7 +86,11 @@ class DockerSandbox(Sandbox):
         uid, _, gid = (layout.user if layout else _USER).partition(":")
         environment = {"HOME": layout.home if layout else WORKDIR, "PYTHONDONTWRITEBYTECODE": "1"}
         if layout and layout.path_prefix:
-            image_env = dict(e.split("=", 1) for e in (shared_client().images.get(self.image).attrs["Config"].get("Env") or []) if "=" in e)
+            image_env = dict(
+                e.split("=", 1)
+                for e in (shared_client().images.get(self.image).attrs["Config"].get("Env") or [])
+                if "=" in e
+            )
             environment["PATH"] = ":".join([*layout.path_prefix, image_env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
         try:
             # create + start, never `run`: the SDK's run() pulls a missing image, and no registry is reachable
@@ -100,22 +119,35 @@ class DockerSandbox(Sandbox):
             )
             container.start()
         except docker.errors.ImageNotFound:
-            raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build`" if self.layout is None
-                               else "run `envhub swe prepare --tasks ...` (pulls or builds it, or says how to `docker load` it)") from None
+            raise SandboxError(
+                f"image {self.image} missing",
+                hint="run `envhub sandbox build`"
+                if self.layout is None
+                else "run `envhub swe prepare --tasks ...` (pulls or builds it, or says how to `docker load` it)",
+            ) from None
         except docker.errors.APIError as exc:
-            raise SandboxError(f"cannot start a sandbox container: {exc.explanation or exc}", hint="check `docker info`") from None
+            raise SandboxError(
+                f"cannot start a sandbox container: {exc.explanation or exc}", hint="check `docker info`"
+            ) from None
         return container.id
 
-    async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
+    async def _run(
+        self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int
+    ) -> ExecResult:
         if self.container_id is None or self.dead:
-            raise SandboxError("sandbox is not running (never started, closed, or killed after a runaway command)", hint="acquire a fresh sandbox from the pool")
+            raise SandboxError(
+                "sandbox is not running (never started, closed, or killed after a runaway command)",
+                hint="acquire a fresh sandbox from the pool",
+            )
         started = time.perf_counter()
-        exec_id = await self._api.exec_create(self.container_id, argv, user=self.user, workdir=cwd, env=env, stdin=stdin is not None)
+        exec_id = await self._api.exec_create(
+            self.container_id, argv, user=self.user, workdir=cwd, env=env, stdin=stdin is not None
+        )
         stdout, stderr = OutputCap(max_output), OutputCap(max_output)
         timed_out = False
         try:
             await asyncio.wait_for(self._api.exec_stream(exec_id, stdin, stdout, stderr), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             await self._kill_all()
         exit_code = -9 if timed_out else await self._api.exit_code(exec_id)
@@ -133,11 +165,13 @@ class DockerSandbox(Sandbox):
     async def _kill_all(self) -> None:
         """Kill every sandbox-user process (never PID 1); kill the container when even that cannot run."""
         try:
-            exec_id = await self._api.exec_create(self.container_id, ["kill", "-9", "-1"], user=self.user, workdir="/", env={}, stdin=False)
+            exec_id = await self._api.exec_create(
+                self.container_id, ["kill", "-9", "-1"], user=self.user, workdir="/", env={}, stdin=False
+            )
             await asyncio.wait_for(self._api.exec_stream(exec_id, None, OutputCap(4096), OutputCap(4096)), 5)
             if await self._api.exit_code(exec_id) in (0, 1):  # 1: it may have killed nothing but itself's peers
                 return
-        except (SandboxError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, SandboxError, OSError):
             pass
         # A fork bomb can leave no pid free for `kill`: stop the whole container instead.
         self.dead = True
@@ -151,10 +185,12 @@ class DockerSandbox(Sandbox):
 
     async def _oom_happened(self) -> bool:
         try:
-            exec_id = await self._api.exec_create(self.container_id, ["sh", "-c", _OOM_PROBE], user=self.user, workdir="/", env={}, stdin=False)
+            exec_id = await self._api.exec_create(
+                self.container_id, ["sh", "-c", _OOM_PROBE], user=self.user, workdir="/", env={}, stdin=False
+            )
             out = OutputCap(4096)
             await asyncio.wait_for(self._api.exec_stream(exec_id, None, out, OutputCap(4096)), 5)
-        except (SandboxError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, SandboxError, OSError):
             return False
         match = re.search(r"oom_kill (\d+)", out.text())
         count = int(match.group(1)) if match else 0
@@ -196,4 +232,3 @@ def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -
             except Exception:
                 pass  # removed concurrently by its owner
     return removed
-

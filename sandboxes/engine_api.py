@@ -25,7 +25,9 @@ def engine_socket_path() -> str:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     parsed = urlparse(host)
     if parsed.scheme != "unix":
-        raise SandboxError(f"DOCKER_HOST={host} is not a unix socket", hint="envhub sandboxes need a local engine (unix socket)")
+        raise SandboxError(
+            f"DOCKER_HOST={host} is not a unix socket", hint="envhub sandboxes need a local engine (unix socket)"
+        )
     return parsed.path
 
 
@@ -35,11 +37,16 @@ class EngineAPI:
     def __init__(self, socket_path: str | None = None) -> None:
         self.socket_path = socket_path or engine_socket_path()
 
-    async def _request(self, method: str, path: str, body: Any = None, upgrade: bool = False) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    async def _request(
+        self, method: str, path: str, body: Any = None, upgrade: bool = False
+    ) -> tuple[int, asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         try:
             reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=_CHUNK * 4)
         except OSError as exc:
-            raise SandboxError(f"Docker engine not reachable at {self.socket_path} ({exc.strerror})", hint="run `make install` or start dockerd") from None
+            raise SandboxError(
+                f"Docker engine not reachable at {self.socket_path} ({exc.strerror})",
+                hint="run `make install` or start dockerd",
+            ) from None
         payload = json.dumps(body).encode() if body is not None else b""
         headers = [f"{method} {path} HTTP/1.1", "Host: docker", f"Content-Length: {len(payload)}"]
         if body is not None:
@@ -52,7 +59,9 @@ class EngineAPI:
             status = int(head.split(b" ", 2)[1])
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, IndexError) as exc:
             writer.close()
-            raise SandboxError(f"Docker engine closed the connection during {method} {path} ({type(exc).__name__})") from None
+            raise SandboxError(
+                f"Docker engine closed the connection during {method} {path} ({type(exc).__name__})"
+            ) from None
         return status, reader, writer, head
 
     async def _json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -77,7 +86,9 @@ class EngineAPI:
         except json.JSONDecodeError:
             return status, text
 
-    async def exec_create(self, container_id: str, argv: list[str], *, user: str, workdir: str, env: dict[str, str], stdin: bool) -> str:
+    async def exec_create(
+        self, container_id: str, argv: list[str], *, user: str, workdir: str, env: dict[str, str], stdin: bool
+    ) -> str:
         """Create an exec instance and return its id."""
         body = {
             "AttachStdin": stdin,
@@ -92,12 +103,16 @@ class EngineAPI:
         status, data = await self._json("POST", f"/containers/{container_id}/exec", body)
         if status != 201:
             message = data.get("message") if isinstance(data, dict) else data
-            raise SandboxError(f"docker exec failed: {message}", hint="the sandbox container may have died; acquire a new one")
+            raise SandboxError(
+                f"docker exec failed: {message}", hint="the sandbox container may have died; acquire a new one"
+            )
         return data["Id"]
 
     async def exec_stream(self, exec_id: str, stdin: bytes | None, stdout: OutputCap, stderr: OutputCap) -> None:
         """Start an exec, feed it stdin, and read its multiplexed output into the caps until it ends."""
-        status, reader, writer, _ = await self._request("POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade=True)
+        status, reader, writer, _ = await self._request(
+            "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, upgrade=True
+        )
         try:
             if status not in (101, 200):
                 raise SandboxError(f"docker exec start answered HTTP {status}")

@@ -72,7 +72,10 @@ def ensure_rootfs(*, build: bool = True) -> Path:
     if not build:
         raise SandboxError("base rootfs missing", hint="run `envhub sandbox build`")
     if os.geteuid() != 0:
-        raise SandboxError("building the base rootfs needs root (debootstrap)", hint="run `sudo envhub sandbox build` or `make install`")
+        raise SandboxError(
+            "building the base rootfs needs root (debootstrap)",
+            hint="run `sudo envhub sandbox build` or `make install`",
+        )
     if shutil.which("debootstrap") is None:
         raise SandboxError("debootstrap is not installed", hint="run `make install` (apt-get install debootstrap)")
     partial = path.with_name(path.name + ".partial")
@@ -117,7 +120,10 @@ def docker_client():  # -> docker.DockerClient
         client = docker.from_env(timeout=120)
         client.ping()
     except Exception as exc:
-        raise SandboxError(f"Docker engine not reachable ({type(exc).__name__})", hint="run `make install` or `bash scripts/start-dockerd.sh` to start dockerd") from None
+        raise SandboxError(
+            f"Docker engine not reachable ({type(exc).__name__})",
+            hint="run `make install` or `bash scripts/start-dockerd.sh` to start dockerd",
+        ) from None
     return client
 
 
@@ -143,9 +149,20 @@ def build_base_image(*, force: bool = False) -> BuildReport:
     rootfs = ensure_rootfs()
     rootfs_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "--exclude=./.envhub-complete", "-c", "."], stdout=subprocess.PIPE)
+    tar = subprocess.Popen(
+        ["tar", "-C", str(rootfs), "--numeric-owner", "--exclude=./.envhub-complete", "-c", "."], stdout=subprocess.PIPE
+    )
     imported = subprocess.run(
-        ["docker", "import", "--change", f"LABEL envhub.recipe={recipe_hash()}", "--change", "WORKDIR /workspace", "-", tag],
+        [
+            "docker",
+            "import",
+            "--change",
+            f"LABEL envhub.recipe={recipe_hash()}",
+            "--change",
+            "WORKDIR /workspace",
+            "-",
+            tag,
+        ],
         stdin=tar.stdout,
         capture_output=True,
         text=True,
@@ -191,9 +208,13 @@ def build_derived_image(files: dict[str, bytes], *, base: str | None = None, des
             _add_bytes(tar, f"files/{name}", data)
     context.seek(0)
     try:
-        docker_client().images.build(fileobj=context, custom_context=True, tag=tag, pull=False, rm=True, labels={"envhub.derived-from": base})
+        docker_client().images.build(
+            fileobj=context, custom_context=True, tag=tag, pull=False, rm=True, labels={"envhub.derived-from": base}
+        )
     except Exception as exc:
-        raise SandboxError(f"building {tag} failed: {exc}", hint="check that the base image exists (`envhub sandbox build`)") from None
+        raise SandboxError(
+            f"building {tag} failed: {exc}", hint="check that the base image exists (`envhub sandbox build`)"
+        ) from None
     return tag
 
 
@@ -210,8 +231,11 @@ PULL_TIMEOUT = 600.0
 
 def missing_image_hint(tag: str) -> str:
     """How to get an image onto a machine that cannot pull it."""
-    return (f"on a machine with network run `docker pull {tag} && docker save {tag} -o image.tar`, copy image.tar here "
-            f"and run `docker load -i image.tar`; or build it locally (`envhub swe prepare --tasks FILE --build --repos-dir DIR`)")
+    return (
+        f"on a machine with network run `docker pull {tag} && docker save {tag} -o image.tar`, copy image.tar here "
+        f"and run `docker load -i image.tar`; or build it locally (`envhub swe prepare --tasks FILE --build "
+        f"--repos-dir DIR`)"
+    )
 
 
 def ensure_image(tag: str, *, pull: bool = True) -> bool:
@@ -226,11 +250,15 @@ def ensure_image(tag: str, *, pull: bool = True) -> bool:
         docker_client().images.pull(repository, tag=version or "latest")
     except Exception as exc:
         reason = str(getattr(exc, "explanation", None) or exc).strip().splitlines()[0][:200]
-        raise SandboxError(f"image {tag} is not on this machine and cannot be pulled ({reason})", hint=missing_image_hint(tag)) from None
+        raise SandboxError(
+            f"image {tag} is not on this machine and cannot be pulled ({reason})", hint=missing_image_hint(tag)
+        ) from None
     return True
 
 
-def build_image(tag: str, files: dict[str, bytes], *, labels: dict[str, str] | None = None, key: str | None = None) -> tuple[str, bool]:
+def build_image(
+    tag: str, files: dict[str, bytes], *, labels: dict[str, str] | None = None, key: str | None = None
+) -> tuple[str, bool]:
     """Build `tag` from an in-memory context (`Dockerfile` + files) without network, cached by content hash
     (or by `key` when the context bytes are not reproducible); (tag, whether it was built now)."""
     digest = hashlib.sha256()
@@ -249,10 +277,21 @@ def build_image(tag: str, files: dict[str, bytes], *, labels: dict[str, str] | N
             _add_bytes(tar, name, data)
     context.seek(0)
     try:
-        client.images.build(fileobj=context, custom_context=True, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
-                            labels={IMAGE_LABEL: "1", "envhub.content-hash": content, **(labels or {})})
+        client.images.build(
+            fileobj=context,
+            custom_context=True,
+            tag=tag,
+            pull=False,
+            rm=True,
+            forcerm=True,
+            network_mode="none",
+            labels={IMAGE_LABEL: "1", "envhub.content-hash": content, **(labels or {})},
+        )
     except Exception as exc:
-        raise SandboxError(f"building {tag} failed: {str(exc)[:500]}", hint="check the Dockerfile and that its FROM image exists locally") from None
+        raise SandboxError(
+            f"building {tag} failed: {str(exc)[:500]}",
+            hint="check the Dockerfile and that its FROM image exists locally",
+        ) from None
     return tag, True
 
 

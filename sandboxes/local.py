@@ -20,7 +20,10 @@ class LocalSandbox(Sandbox):
 
     def __init__(self, *, limits: SandboxLimits | None = None, allow_unsafe: bool = False) -> None:
         if not allow_unsafe:
-            raise SandboxError("LocalSandbox runs untrusted commands without isolation", hint="pass allow_unsafe=True for development, or use backend='docker'/'bwrap'")
+            raise SandboxError(
+                "LocalSandbox runs untrusted commands without isolation",
+                hint="pass allow_unsafe=True for development, or use backend='docker'/'bwrap'",
+            )
         self.limits = limits or SandboxLimits()
         self.workdir = ""
 
@@ -28,11 +31,13 @@ class LocalSandbox(Sandbox):
         """Create the temporary working directory."""
         self.workdir = await asyncio.to_thread(tempfile.mkdtemp, prefix="envhub-local-")
 
-    async def _run(self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int) -> ExecResult:
+    async def _run(
+        self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int
+    ) -> ExecResult:
         if not self.workdir:
             raise SandboxError("sandbox is not running", hint="use it through SandboxPool.acquire() or `async with`")
         if cwd == WORKDIR or cwd.startswith(WORKDIR + "/"):
-            cwd = self.workdir + cwd[len(WORKDIR):]
+            cwd = self.workdir + cwd[len(WORKDIR) :]
         environment = {**os.environ, "HOME": self.workdir, **env}
         return await run_process(argv, timeout=timeout, stdin=stdin, max_output=max_output, env=environment, cwd=cwd)
 

@@ -13,8 +13,8 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 from envhub.errors import SandboxError
 from envhub.sandboxes.base import ImageLayout, Sandbox, SandboxLimits
@@ -61,8 +61,11 @@ class MultiImagePool:
         default_image: str | None = None,
     ) -> None:
         if spares_budget < 0 or spares_per_image < 0 or max_in_use < 1:
-            raise SandboxError(f"bad pool sizes spares_budget={spares_budget} spares_per_image={spares_per_image} max_in_use={max_in_use}",
-                               hint="spares >= 0 and max_in_use >= 1")
+            raise SandboxError(
+                f"bad pool sizes spares_budget={spares_budget} spares_per_image={spares_per_image} "
+                f"max_in_use={max_in_use}",
+                hint="spares >= 0 and max_in_use >= 1",
+            )
         self.backend, self.limits, self.pull = backend, limits, pull
         self.spares_budget, self.spares_per_image, self.max_in_use = spares_budget, spares_per_image, max_in_use
         self.default_image = default_image
@@ -93,8 +96,13 @@ class MultiImagePool:
             pulled = await asyncio.to_thread(ensure_image, image, pull=self.pull)
             self._pulls += int(pulled)
         elif image is not None and layout is not None:
-            raise SandboxError(f"image {image} needs the docker backend", hint="use backend='docker' for instances with their own image")
-        pool = SandboxPool(self.backend, image=image, size=0, max_size=self.max_in_use, limits=self.limits, layout=layout)
+            raise SandboxError(
+                f"image {image} needs the docker backend",
+                hint="use backend='docker' for instances with their own image",
+            )
+        pool = SandboxPool(
+            self.backend, image=image, size=0, max_size=self.max_in_use, limits=self.limits, layout=layout
+        )
         await pool.start()
         self._pools[key] = pool
         return pool
@@ -149,10 +157,18 @@ class MultiImagePool:
         acquires = sum(m.acquires for m in per)
         cold = sum(m.cold_starts for m in per)
         return MultiPoolMetrics(
-            images=len(per), acquires=acquires, hits=acquires - cold, cold_starts=cold,
-            acquire_p50_ms=_percentile(self._latencies, 0.5) * 1000, acquire_p99_ms=_percentile(self._latencies, 0.99) * 1000,
-            start_p50_ms=_percentile(starts, 0.5) * 1000, start_p99_ms=_percentile(starts, 0.99) * 1000,
-            spares=sum(m.spares for m in per), in_use=sum(m.in_use for m in per), evictions=self._evictions, pulls=self._pulls,
+            images=len(per),
+            acquires=acquires,
+            hits=acquires - cold,
+            cold_starts=cold,
+            acquire_p50_ms=_percentile(self._latencies, 0.5) * 1000,
+            acquire_p99_ms=_percentile(self._latencies, 0.99) * 1000,
+            start_p50_ms=_percentile(starts, 0.5) * 1000,
+            start_p99_ms=_percentile(starts, 0.99) * 1000,
+            spares=sum(m.spares for m in per),
+            in_use=sum(m.in_use for m in per),
+            evictions=self._evictions,
+            pulls=self._pulls,
         )
 
     def spares_by_image(self) -> dict[str | None, int]:
@@ -164,7 +180,7 @@ class MultiImagePool:
         self._closed = True
         await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
 
-    async def __aenter__(self) -> "MultiImagePool":
+    async def __aenter__(self) -> MultiImagePool:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -13,8 +13,9 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator, Literal
+from typing import Literal
 
 from envhub.errors import SandboxError
 from envhub.sandboxes.base import ImageLayout, Sandbox, SandboxLimits
@@ -91,7 +92,7 @@ class SandboxPool:
         self._started = False
         self._closed = False
 
-    async def start(self) -> "SandboxPool":
+    async def start(self) -> SandboxPool:
         """Remove orphans of crashed processes, check the image, and warm `size` spares."""
         if self._started:
             return self
@@ -105,7 +106,10 @@ class SandboxPool:
             if self.image is None:
                 self.image = await asyncio.to_thread(require_base_image)
             elif not await asyncio.to_thread(image_exists, self.image):
-                raise SandboxError(f"image {self.image} missing", hint="run `envhub sandbox build` (images are built locally, never pulled)")
+                raise SandboxError(
+                    f"image {self.image} missing",
+                    hint="run `envhub sandbox build` (images are built locally, never pulled)",
+                )
         elif self.backend == "bwrap":
             from envhub.sandboxes.bwrap_backend import check_bwrap, remove_orphan_dirs
 
@@ -118,7 +122,11 @@ class SandboxPool:
         errors = [o for o in outcomes if isinstance(o, BaseException)]
         if self.size and self._spares.empty():
             await self.close()
-            raise errors[0] if isinstance(errors[0], SandboxError) else SandboxError(f"could not start any {self.backend} sandbox: {errors[0]}")
+            raise (
+                errors[0]
+                if isinstance(errors[0], SandboxError)
+                else SandboxError(f"could not start any {self.backend} sandbox: {errors[0]}")
+            )
         return self
 
     def _new_sandbox(self) -> Sandbox:
@@ -181,7 +189,9 @@ class SandboxPool:
     async def _take(self) -> Sandbox:
         while not self._spares.empty():
             since, sandbox = self._spares.get_nowait()
-            if getattr(sandbox, "dead", False) or (time.monotonic() - since > self.health_interval and not await sandbox.healthy()):
+            if getattr(sandbox, "dead", False) or (
+                time.monotonic() - since > self.health_interval and not await sandbox.healthy()
+            ):
                 self._counts["unhealthy"] += 1
                 self._spawn(self._destroy(sandbox))
                 continue
@@ -276,7 +286,7 @@ class SandboxPool:
                     if isinstance(sandbox, BwrapSandbox):
                         sandbox._teardown()
 
-    async def __aenter__(self) -> "SandboxPool":
+    async def __aenter__(self) -> SandboxPool:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+
 from envhub.sandboxes.base import ExecResult, OutputCap
 
 _CHUNK = 1 << 16
@@ -66,7 +67,14 @@ async def run_process(
     # fork/exec happens in a worker thread: on a loaded machine it can take 100+ ms, which must
     # not stall the event loop (asyncio.create_subprocess_exec would do it on the loop's thread).
     proc = await asyncio.to_thread(
-        subprocess.Popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True
+        subprocess.Popen,
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
     )
     stdout, stderr = OutputCap(max_output), OutputCap(max_output)
     try:
@@ -79,12 +87,12 @@ async def run_process(
     timed_out = False
     try:
         await asyncio.wait_for(asyncio.shield(work), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         timed_out = True
         kill_group(proc.pid)
         try:
             await asyncio.wait_for(work, 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             work.cancel()  # a grandchild outside the group holds the pipes open
     except asyncio.CancelledError:
         kill_group(proc.pid)

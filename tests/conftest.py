@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pytest
 

@@ -14,11 +14,11 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from aiohttp import web
 
 
@@ -27,8 +27,12 @@ class FaultPlan:
     """What the middleware does to the next requests; tests edit it between requests."""
 
     api_key: str | None = None  # when set, any other bearer token gets 401
-    statuses: list[tuple[int, dict[str, str]]] = field(default_factory=list)  # next answers: (status, headers), consumed in order
-    scripted: list[dict[str, Any]] = field(default_factory=list)  # next chat answers replaced by these assistant messages
+    statuses: list[tuple[int, dict[str, str]]] = field(
+        default_factory=list
+    )  # next answers: (status, headers), consumed in order
+    scripted: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # next chat answers replaced by these assistant messages
     no_tools: bool = False  # refuse requests carrying `tools`, like servers without tool calling
     delay_s: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)  # every JSON body received, in order
@@ -38,8 +42,16 @@ class FaultPlan:
         self.requests.clear()
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status, headers=headers)
+def _error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status, headers=headers
+    )
 
 
 def fault_middleware(plan: FaultPlan) -> Any:
@@ -53,22 +65,40 @@ def fault_middleware(plan: FaultPlan) -> Any:
             return _error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
         if plan.statuses:
             status, headers = plan.statuses.pop(0)
-            return _error(status, f"injected HTTP {status}", "server_error" if status >= 500 else "rate_limit_error", headers=headers)
+            return _error(
+                status,
+                f"injected HTTP {status}",
+                "server_error" if status >= 500 else "rate_limit_error",
+                headers=headers,
+            )
         if request.path.endswith("/chat/completions"):
             if plan.no_tools and body.get("tools"):
                 return _error(400, "tools are not supported by this server", code="unsupported_parameter")
             if plan.scripted:  # scripted reply, not the model's
-                return web.json_response(_chat_response(body.get("model", ""), plan.scripted.pop(0), "tool_calls", 0, 0))
+                return web.json_response(
+                    _chat_response(body.get("model", ""), plan.scripted.pop(0), "tool_calls", 0, 0)
+                )
         return await handler(request)
 
     return middleware
 
 
-def _chat_response(model: str, message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def _chat_response(
+    model: str, message: dict[str, Any], finish: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish, "logprobs": None}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish, "logprobs": None}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
@@ -84,7 +114,8 @@ class CompatServer:
 
 
 def start_compat_server(engine: Any, model_name: str = "tiny-llama") -> tuple[CompatServer, Any]:
-    """Serve-engine's app over `engine` on 127.0.0.1 (a free port) from a background thread; returns it and a stop function."""
+    """Serve-engine's app over `engine` on 127.0.0.1 (a free port) from a background thread; returns it and a stop
+    function."""
     from envhub.trainer.engines.server import create_app
 
     plan = FaultPlan()

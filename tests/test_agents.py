@@ -20,8 +20,13 @@ async def test_expert_reaches_reward_one_on_every_env_with_a_solver():
 
 async def test_expert_board_game_players_against_random():
     records = []
-    summary = await evaluate(["ConnectFour-v0", "TicTacToe-v0", "TicTacToe-SelfPlay-v0", "KuhnPoker-v0"], ExpertAgent,
-                             episodes=30, concurrency=8, on_episode=records.append)
+    summary = await evaluate(
+        ["ConnectFour-v0", "TicTacToe-v0", "TicTacToe-SelfPlay-v0", "KuhnPoker-v0"],
+        ExpertAgent,
+        episodes=30,
+        concurrency=8,
+        on_episode=records.append,
+    )
     assert summary["ConnectFour-v0#seat0"]["mean_reward"] == summary["ConnectFour-v0#seat1"]["mean_reward"] == 1.0
     ttt = [r for r in records if r.env_id.startswith("TicTacToe")]
     assert min(r.reward for r in ttt) == 0.0 and max(r.reward for r in ttt) == 1.0  # the minimax player never loses
@@ -55,7 +60,9 @@ async def test_random_agent_plays_valid_actions():
     records = []
     await evaluate(["TicTacToe-v0", "Wordle-v0", "Sokoban-v0"], RandomAgent, episodes=8, on_episode=records.append)
     games = [r for r in records if r.env_id == "TicTacToe-v0"]
-    assert all("Illegal" not in t["observation"] and "Could not read" not in t["observation"] for r in games for t in r.turns)
+    assert all(
+        "Illegal" not in t["observation"] and "Could not read" not in t["observation"] for r in games for t in r.turns
+    )
     wordle = [t for r in records if r.env_id == "Wordle-v0" for t in r.turns]
     assert len(wordle) == 8 * 6 and all(t["tool_calls"][0]["name"] == "guess" for t in wordle)  # six real guesses each
     sokoban = [t for r in records if r.env_id == "Sokoban-v0" for t in r.turns]
@@ -65,11 +72,16 @@ async def test_random_agent_plays_valid_actions():
 def test_make_agent_builds_each_kind():
     assert isinstance(make_agent("random"), RandomAgent) and isinstance(make_agent("expert"), ExpertAgent)
     chat = make_agent("openai:http://127.0.0.1:9/v1#some-model")
-    assert type(chat).__name__ == "ChatAgent" and chat.endpoint.model == "some-model" and chat.endpoint.base_url == "http://127.0.0.1:9/v1"
+    assert (
+        type(chat).__name__ == "ChatAgent"
+        and chat.endpoint.model == "some-model"
+        and chat.endpoint.base_url == "http://127.0.0.1:9/v1"
+    )
     assert make_agent("openai:http://127.0.0.1:9").endpoint.base_url == "http://127.0.0.1:9/v1"
 
 
 # -- EngineAgent ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -82,15 +94,17 @@ def tiny():
 async def test_engine_agent_builds_the_same_tokens_as_the_rollout(tiny):
     """A greedy EngineAgent episode is token for token the trainer's rollout of the same episode."""
     from envhub.agents import EngineAgent
-    from envhub.trainer.config import RolloutConfig
     from envhub.inference import SamplingParams
+    from envhub.trainer.config import RolloutConfig
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.rollout import RolloutWorker
 
     model, tokenizer = tiny
     engine = LocalEngine(model, tokenizer)
     config = RolloutConfig(max_turns=3, max_new_tokens=6, max_total_tokens=4096, temperature=0.0)
-    trajectory = await RolloutWorker(engine, tokenizer, config).run_episode(lambda: envhub.make("Sokoban-v0"), "Sokoban-v0", seed=4)
+    trajectory = await RolloutWorker(engine, tokenizer, config).run_episode(
+        lambda: envhub.make("Sokoban-v0"), "Sokoban-v0", seed=4
+    )
     agents = []
 
     def factory():
@@ -115,8 +129,14 @@ async def test_engine_agent_drops_oldest_turns_with_a_marker(tiny):
     obs, info = env.reset(seed=0)
     probe = EngineAgent(engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0))
     probe.reset(info)
-    first_prompt = len(probe.chat.add_messages([{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": obs}]))
-    agent = EngineAgent(engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), max_total_tokens=first_prompt + 8 + 100)
+    first_prompt = len(
+        probe.chat.add_messages(
+            [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": obs}]
+        )
+    )
+    agent = EngineAgent(
+        engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), max_total_tokens=first_prompt + 8 + 100
+    )
     agent.reset(info)
     for _ in range(8):
         action = await agent.act(obs, info)
@@ -125,7 +145,9 @@ async def test_engine_agent_drops_oldest_turns_with_a_marker(tiny):
     assert agent.dropped_turns >= 1
     marker = CONTEXT_MARKER.format(n=agent.dropped_turns).split("]")[0]
     assert marker in agent.chat.messages[1]["content"] and agent.chat.messages[0]["role"] == "system"
-    too_small = EngineAgent(engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), max_total_tokens=first_prompt)
+    too_small = EngineAgent(
+        engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), max_total_tokens=first_prompt
+    )
     too_small.reset(info)
     with pytest.raises(AgentError, match="the task and the newest turn need") as caught:
         await too_small.act(obs, info)

@@ -1,4 +1,5 @@
-"""`ChatAgent` against `envhub serve-engine`'s /v1 routes on 127.0.0.1 (tiny Llama behind them), with the `openai` client."""
+"""`ChatAgent` against `envhub serve-engine`'s /v1 routes on 127.0.0.1 (tiny Llama behind them), with the `openai`
+client."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 import envhub
 from envhub.agents import AgentError
-from envhub.cli.agent_spec import make_agent_factory
 from envhub.agents.chat import CONTEXT_MARKER, ChatAgent, ChatEndpoint
+from envhub.cli.agent_spec import make_agent_factory
 from envhub.eval import EvalConfig, evaluate
 from tests.openai_server import compat_server, openai_server  # noqa: F401  (fixtures)
 
@@ -23,7 +24,9 @@ def chat_requests(server):
 
 
 def agent_for(server, **options):
-    return ChatAgent(ChatEndpoint(server.base_url, server.model), max_tokens=options.pop("max_tokens", 8), backoff_s=0.01, **options)
+    return ChatAgent(
+        ChatEndpoint(server.base_url, server.model), max_tokens=options.pop("max_tokens", 8), backoff_s=0.01, **options
+    )
 
 
 async def test_replies_come_from_the_model_through_its_chat_template(openai_server):
@@ -35,7 +38,9 @@ async def test_replies_come_from_the_model_through_its_chat_template(openai_serv
     action = await agent.act(obs, info)
     tokenizer = openai_server.tokenizer
     messages = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": obs}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     from envhub.inference import SamplingParams
 
     sent = chat_requests(openai_server)[0]
@@ -58,14 +63,18 @@ async def test_model_is_read_from_v1_models_when_not_named(openai_server):
     await factory.aclose()
     assert summary["Math-v0"]["episodes"] == 2 and summary["Math-v0"]["errors"] == {}
     assert {r["model"] for r in chat_requests(openai_server)} == {openai_server.model}
-    assert sum(r["path"] == "/v1/models" for r in openai_server.faults.requests) == 1  # asked once, shared by the episodes
+    assert (
+        sum(r["path"] == "/v1/models" for r in openai_server.faults.requests) == 1
+    )  # asked once, shared by the episodes
 
 
 async def test_completions_route_speaks_the_openai_protocol(openai_server):
     from openai import AsyncOpenAI
 
     async with AsyncOpenAI(base_url=openai_server.base_url, api_key="EMPTY", max_retries=0) as client:
-        completion = await client.completions.create(model=openai_server.model, prompt="Once upon a time", max_tokens=5, temperature=0.0)
+        completion = await client.completions.create(
+            model=openai_server.model, prompt="Once upon a time", max_tokens=5, temperature=0.0
+        )
         models = await client.models.list()
     assert completion.usage.completion_tokens == 5 and completion.choices[0].finish_reason == "length"
     assert [m.id for m in models.data] == [openai_server.model]
@@ -73,8 +82,16 @@ async def test_completions_route_speaks_the_openai_protocol(openai_server):
 
 async def test_native_tool_calls_round_trip(openai_server):
     """Tools go out as `tools`; a returned tool call reaches the env; its result goes back as a `tool` message."""
-    call = {"id": "call_1", "type": "function", "function": {"name": "move", "arguments": json.dumps({"direction": "up"})}}
-    extra = {"id": "call_2", "type": "function", "function": {"name": "move", "arguments": json.dumps({"direction": "left"})}}
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "move", "arguments": json.dumps({"direction": "up"})},
+    }
+    extra = {
+        "id": "call_2",
+        "type": "function",
+        "function": {"name": "move", "arguments": json.dumps({"direction": "left"})},
+    }
     openai_server.faults.scripted = [{"content": "", "tool_calls": [call, extra]}]
     records = []
     factory = make_agent_factory(f"openai:{openai_server.base_url}#{openai_server.model}", max_tokens=4)
@@ -105,11 +122,15 @@ async def test_malformed_tool_calls_are_counted_and_the_episode_goes_on(openai_s
     openai_server.faults.scripted = [{"content": None, "tool_calls": [bad]}]
     records = []
     factory = make_agent_factory(f"openai:{openai_server.base_url}#{openai_server.model}", max_tokens=4)
-    summary = await evaluate(["FrozenLake-v0"], factory, episodes=1, config=EvalConfig(max_turns=2), on_episode=records.append)
+    summary = await evaluate(
+        ["FrozenLake-v0"], factory, episodes=1, config=EvalConfig(max_turns=2), on_episode=records.append
+    )
     await factory.aclose()
     assert records[0].malformed_tool_calls == 1 and records[0].steps == 2 and records[0].error_kind is None
     assert "not valid JSON" in records[0].turns[0]["observation"]
-    assert summary["FrozenLake-v0"]["errors"] == {"malformed_tool_call": 1} and summary["FrozenLake-v0"]["episodes"] == 1
+    assert (
+        summary["FrozenLake-v0"]["errors"] == {"malformed_tool_call": 1} and summary["FrozenLake-v0"]["episodes"] == 1
+    )
 
 
 async def test_429_and_500_are_retried_with_backoff(openai_server):
@@ -121,13 +142,23 @@ async def test_429_and_500_are_retried_with_backoff(openai_server):
 
 
 async def test_errors_are_recorded_per_episode_and_the_run_goes_on(openai_server, tmp_path):
-    """401, a 5xx that never stops, and an unreachable endpoint: each episode records its error; the summary counts them."""
+    """401, a 5xx that never stops, and an unreachable endpoint: each episode records its error; the summary counts
+    them."""
     openai_server.faults.api_key = "right-key"
     wrong = make_agent_factory(f"openai:{openai_server.base_url}#{openai_server.model}", api_key="wrong-key")
-    summary = await evaluate(["Math-v0", "FrozenLake-v0"], wrong, episodes=2, out_dir=tmp_path / "auth", agent_name="wrong",
-                             config=EvalConfig(max_turns=2))
+    summary = await evaluate(
+        ["Math-v0", "FrozenLake-v0"],
+        wrong,
+        episodes=2,
+        out_dir=tmp_path / "auth",
+        agent_name="wrong",
+        config=EvalConfig(max_turns=2),
+    )
     await wrong.aclose()
-    assert {env: row["errors"] for env, row in summary.items()} == {"FrozenLake-v0": {"auth": 2}, "Math-v0": {"auth": 2}}
+    assert {env: row["errors"] for env, row in summary.items()} == {
+        "FrozenLake-v0": {"auth": 2},
+        "Math-v0": {"auth": 2},
+    }
     assert all(row["episodes"] == 0 for row in summary.values())
     record = json.loads((tmp_path / "auth" / "episodes.jsonl").read_text().splitlines()[0])
     assert record["error_kind"] == "auth" and "401" in record["error"] and "Incorrect API key" in record["error"]
@@ -137,7 +168,11 @@ async def test_errors_are_recorded_per_episode_and_the_run_goes_on(openai_server
     records = []
     failing = make_agent_factory(f"openai:{openai_server.base_url}#{openai_server.model}", max_retries=2)
     summary = await evaluate(["Math-v0"], failing, episodes=1, on_episode=records.append)
-    assert summary["Math-v0"]["errors"] == {"server": 1} and records[0].retries == 2 and "after 3 attempts" in records[0].error
+    assert (
+        summary["Math-v0"]["errors"] == {"server": 1}
+        and records[0].retries == 2
+        and "after 3 attempts" in records[0].error
+    )
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -145,12 +180,21 @@ async def test_errors_are_recorded_per_episode_and_the_run_goes_on(openai_server
     gone = make_agent_factory(f"openai:http://127.0.0.1:{port}/v1#m", max_retries=1)
     records.clear()
     summary = await evaluate(["Math-v0", "Wordle-v0"], gone, episodes=2, concurrency=4, on_episode=records.append)
-    assert {env: row["errors"] for env, row in summary.items()} == {"Math-v0": {"unreachable": 2}, "Wordle-v0": {"unreachable": 2}}
+    assert {env: row["errors"] for env, row in summary.items()} == {
+        "Math-v0": {"unreachable": 2},
+        "Wordle-v0": {"unreachable": 2},
+    }
     assert "cannot reach http://127.0.0.1" in records[0].error
     # the same run directory, endpoint back: the errored episodes are played again
     back = make_agent_factory(f"openai:{openai_server.base_url}#{openai_server.model}", max_tokens=4)
-    summary = await evaluate(["Math-v0", "FrozenLake-v0"], back, episodes=2, out_dir=tmp_path / "auth", agent_name="wrong",
-                             config=EvalConfig(max_turns=2))
+    summary = await evaluate(
+        ["Math-v0", "FrozenLake-v0"],
+        back,
+        episodes=2,
+        out_dir=tmp_path / "auth",
+        agent_name="wrong",
+        config=EvalConfig(max_turns=2),
+    )
     await back.aclose()
     assert all(row["errors"] == {} and row["episodes"] == 2 for row in summary.values())
 
@@ -173,24 +217,31 @@ async def test_context_window_is_managed_and_overflow_is_an_episode_error(openai
 
 
 async def test_context_overflow_has_openais_error_shape(openai_server):
-    """serve-engine answers an overflow as OpenAI does: 400, code context_length_exceeded, the token counts in the message."""
+    """serve-engine answers an overflow as OpenAI does: 400, code context_length_exceeded, the token counts in the
+    message."""
     import openai
 
     async with openai.AsyncOpenAI(base_url=openai_server.base_url, api_key="EMPTY", max_retries=0) as client:
         with pytest.raises(openai.BadRequestError) as chat:
-            await client.chat.completions.create(model=openai_server.model, messages=[{"role": "user", "content": "token " * 3000}], max_tokens=8)
+            await client.chat.completions.create(
+                model=openai_server.model, messages=[{"role": "user", "content": "token " * 3000}], max_tokens=8
+            )
         with pytest.raises(openai.BadRequestError) as plain:
             await client.completions.create(model=openai_server.model, prompt=list(range(10, 2051)), max_tokens=8)
         other = await client.completions.create(model=openai_server.model, prompt=list(range(10, 2040)), max_tokens=8)
     assert chat.value.code == "context_length_exceeded" and chat.value.type == "invalid_request_error"
     assert "maximum context length is 2048 tokens" in chat.value.message and "8 in the completion" in chat.value.message
-    assert plain.value.code == "context_length_exceeded" and "2049 tokens (2041 in the prompt, 8 in the completion)" in plain.value.message
+    assert (
+        plain.value.code == "context_length_exceeded"
+        and "2049 tokens (2041 in the prompt, 8 in the completion)" in plain.value.message
+    )
     assert other.usage.prompt_tokens == 2030  # just under the limit is served
 
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, tmp_path):
-    """SIGINT to a real `envhub eval` against a slow endpoint: exit 130, whole lines on disk, a re-run plays only the rest."""
+    """SIGINT to a real `envhub eval` against a slow endpoint: exit 130, whole lines on disk, a re-run plays only the
+    rest."""
     import signal
     import subprocess
     import sys
@@ -198,13 +249,32 @@ def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, t
 
     openai_server.faults.delay_s = 0.4
     out = tmp_path / "run"
-    argv = [sys.executable, "-m", "envhub.cli.main", "eval", "Math-v0", "--agent", f"openai:{openai_server.base_url}#{openai_server.model}",
-            "-n", "400", "--concurrency", "2", "--max-tokens", "2", "--out", str(out), "--quiet"]
+    argv = [
+        sys.executable,
+        "-m",
+        "envhub.cli.main",
+        "eval",
+        "Math-v0",
+        "--agent",
+        f"openai:{openai_server.base_url}#{openai_server.model}",
+        "-n",
+        "400",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
+
     def default_sigint() -> None:  # earlier tests in this pytest process may leave SIGINT ignored or blocked,
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and a child inherits both across exec
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     log = out / "episodes.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 3):

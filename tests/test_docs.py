@@ -50,7 +50,9 @@ def code_blocks(markdown: str) -> list[Block]:
 
 def envhub_has(*argv: str, needle: str) -> bool:
     """Whether `envhub ARGV --help` mentions `needle` (a command or flag of this checkout)."""
-    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", *argv, "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", *argv, "--help"], capture_output=True, text=True, timeout=120
+    )
     return needle in done.stdout
 
 
@@ -63,7 +65,10 @@ class Runner:
         self.namespace: dict[str, object] = {"__name__": "__doc__"}
         self.servers: list[subprocess.Popen] = []
         self.skipped: list[str] = []
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.site), str(workdir), os.environ.get("PYTHONPATH", "")])}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(self.site), str(workdir), os.environ.get("PYTHONPATH", "")]),
+        }
 
     def run(self, blocks: list[Block], languages: tuple[str, ...]) -> None:
         skip_section = None
@@ -72,7 +77,7 @@ class Runner:
                 continue
             first = block.code.splitlines()[0] if block.code.strip() else ""
             if first.startswith("# file: "):
-                (self.workdir / first[len("# file: "):].strip()).write_text(block.code.split("\n", 1)[1])
+                (self.workdir / first[len("# file: ") :].strip()).write_text(block.code.split("\n", 1)[1])
             elif block.language not in languages:
                 continue
             elif block.language == "python":
@@ -85,7 +90,7 @@ class Runner:
 
     def python(self, block: Block) -> None:
         code = compile(block.code, f"<doc block at line {block.line}>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        result = eval(code, self.namespace)  # noqa: S307 - the docs are our own
+        result = eval(code, self.namespace)
         if asyncio.iscoroutine(result):
             asyncio.run(result)
 
@@ -98,10 +103,25 @@ class Runner:
             argv = shlex.split(line)
             if argv[:2] == ["pip", "install"]:
                 target = [a for a in argv[2:] if a != "-e"]
-                self.call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(self.site), *target])
+                self.call(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "--no-deps",
+                        "--no-build-isolation",
+                        "--target",
+                        str(self.site),
+                        *target,
+                    ]
+                )
             elif argv[:2] == ["envhub", "serve"]:
                 if "--import" in argv and not envhub_has("serve", needle="--import"):
-                    return "`envhub serve --import` is not in this checkout (it lands with the env-server security branch)"
+                    return (
+                        "`envhub serve --import` is not in this checkout (it lands with the env-server security branch)"
+                    )
                 self.serve(argv)
             elif argv[:2] == ["envhub", "eval"]:
                 if not envhub_has(needle="eval"):
@@ -115,12 +135,20 @@ class Runner:
 
     def call(self, argv: list[str]) -> None:
         done = subprocess.run(argv, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, (
+            f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
 
     def serve(self, argv: list[str]) -> None:
         port = argv[argv.index("--port") + 1] if "--port" in argv else "8765"
-        server = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", *argv[1:]], cwd=self.workdir, env=self.env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "envhub.cli.main", *argv[1:]],
+            cwd=self.workdir,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.servers.append(server)
         deadline = time.monotonic() + 120
         while True:
@@ -149,10 +177,19 @@ def test_authoring_tutorial_runs_top_to_bottom(tmp_path, monkeypatch, base_rootf
         runner.run(blocks, ("python", "bash"))
     finally:
         runner.close()
-    assert len((tmp_path / "runs" / "findsecret" / "metrics.jsonl").read_text().splitlines()) == 2  # `envhub train` ran its 2 steps
+    assert (
+        len((tmp_path / "runs" / "findsecret" / "metrics.jsonl").read_text().splitlines()) == 2
+    )  # `envhub train` ran its 2 steps
     # the plugin's module imported by hand (it imports envhub, which loads the plugin) registers without a warning
     script = "import findsecret, envhub; print(envhub.spec('FindSecret-v0').source)"
-    done = subprocess.run([sys.executable, "-W", "error", "-c", script], cwd=tmp_path, env=runner.env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script],
+        cwd=tmp_path,
+        env=runner.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "findsecret-env", done.stderr
     if runner.skipped:
         pytest.skip("every other block ran; skipped: " + "; ".join(runner.skipped))
@@ -174,4 +211,7 @@ def test_code_blocks_are_found_with_their_sections():
     text = "# A\n```python\nx = 1\n```\n## B\n```bash\nenvhub list\n```\n```toml\n# file: p.toml\n[a]\n```\n"
     blocks = code_blocks(text)
     assert [(b.language, b.section, b.code) for b in blocks] == [
-        ("python", 1, "x = 1\n"), ("bash", 2, "envhub list\n"), ("toml", 2, "# file: p.toml\n[a]\n")]
+        ("python", 1, "x = 1\n"),
+        ("bash", 2, "envhub list\n"),
+        ("toml", 2, "# file: p.toml\n[a]\n"),
+    ]

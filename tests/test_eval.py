@@ -15,7 +15,7 @@ import pytest
 from envhub.agents import Agent, ExpertAgent, RandomAgent
 from envhub.cli.main import main
 from envhub.errors import ConfigError
-from envhub.eval import EvalConfig, EpisodeLog, evaluate, pass_at_k, summarize
+from envhub.eval import EpisodeLog, EvalConfig, evaluate, pass_at_k, summarize
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
@@ -25,7 +25,9 @@ def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
     return Fraction(sum(any(attempts[i] for i in s) for s in subsets), len(subsets))
 
 
-@pytest.mark.parametrize("n,c,k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (5, 2, 3), (6, 1, 4), (8, 3, 5), (8, 0, 8), (7, 7, 2)])
+@pytest.mark.parametrize(
+    "n,c,k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (5, 2, 3), (6, 1, 4), (8, 3, 5), (8, 0, 8), (7, 7, 2)]
+)
 def test_pass_at_k_matches_counting_subsets(n, c, k):
     assert pass_at_k(n, c, k) == pytest.approx(float(brute_force_pass_at_k(n, c, k)), abs=1e-12)
 
@@ -44,11 +46,38 @@ def test_summary_mean_stderr_pass_at_k_and_error_counts():
     rewards = {0: [1.0, 0.0, 1.0], 1: [0.0, 0.0, 0.0], 2: [1.0, 1.0, 0.5]}
     for seed, values in rewards.items():
         for attempt, reward in enumerate(values):
-            rows.append({"env_id": "Math-v0", "seed": seed, "attempt": attempt, "seat": None, "reward": reward, "success": reward >= 1.0,
-                         "error_kind": None, "malformed_tool_calls": 1 if seed == 1 else 0})
-    rows.append({"env_id": "Math-v0", "seed": 3, "attempt": 0, "seat": None, "reward": 0.0, "success": False, "error_kind": "auth", "malformed_tool_calls": 0})
+            rows.append(
+                {
+                    "env_id": "Math-v0",
+                    "seed": seed,
+                    "attempt": attempt,
+                    "seat": None,
+                    "reward": reward,
+                    "success": reward >= 1.0,
+                    "error_kind": None,
+                    "malformed_tool_calls": 1 if seed == 1 else 0,
+                }
+            )
+    rows.append(
+        {
+            "env_id": "Math-v0",
+            "seed": 3,
+            "attempt": 0,
+            "seat": None,
+            "reward": 0.0,
+            "success": False,
+            "error_kind": "auth",
+            "malformed_tool_calls": 0,
+        }
+    )
     summary = summarize(rows, [1, 2])
-    assert set(summary) == {"Math-v0"} and set(summary["Math-v0"]) == {"episodes", "mean_reward", "stderr", "pass_at_k", "errors"}
+    assert set(summary) == {"Math-v0"} and set(summary["Math-v0"]) == {
+        "episodes",
+        "mean_reward",
+        "stderr",
+        "pass_at_k",
+        "errors",
+    }
     row = summary["Math-v0"]
     flat = [r for values in rewards.values() for r in values]
     assert row["episodes"] == 9 and row["mean_reward"] == pytest.approx(statistics.mean(flat))
@@ -59,12 +88,25 @@ def test_summary_mean_stderr_pass_at_k_and_error_counts():
 
 
 async def test_expert_run_writes_summary_and_turn_by_turn_episodes(tmp_path):
-    summary = await evaluate(["FrozenLake-v0", "Math-v0"], ExpertAgent, episodes=3, seeds=5, concurrency=4, out_dir=tmp_path, agent_name="expert")
+    summary = await evaluate(
+        ["FrozenLake-v0", "Math-v0"],
+        ExpertAgent,
+        episodes=3,
+        seeds=5,
+        concurrency=4,
+        out_dir=tmp_path,
+        agent_name="expert",
+    )
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == summary and set(summary) == {"FrozenLake-v0", "Math-v0"}
-    assert all(row == {"episodes": 3, "mean_reward": 1.0, "stderr": 0.0, "pass_at_k": {"1": 1.0}, "errors": {}} for row in summary.values())
+    assert all(
+        row == {"episodes": 3, "mean_reward": 1.0, "stderr": 0.0, "pass_at_k": {"1": 1.0}, "errors": {}}
+        for row in summary.values()
+    )
     records = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
-    assert sorted((r["env_id"], r["seed"]) for r in records) == [(e, s) for e in ("FrozenLake-v0", "Math-v0") for s in (5, 6, 7)]
+    assert sorted((r["env_id"], r["seed"]) for r in records) == [
+        (e, s) for e in ("FrozenLake-v0", "Math-v0") for s in (5, 6, 7)
+    ]
     lake = next(r for r in records if r["env_id"] == "FrozenLake-v0")
     assert lake["turns"] and set(lake["turns"][0]) == {"action", "observation", "reward", "tool_calls"}
     assert lake["turns"][-1]["reward"] == 1.0 and lake["finish"] == "terminated" and lake["first_observation"]
@@ -72,10 +114,21 @@ async def test_expert_run_writes_summary_and_turn_by_turn_episodes(tmp_path):
 
 async def test_runs_are_deterministic_and_random_attempts_differ(tmp_path):
     def strip(path):
-        return [{k: v for k, v in json.loads(line).items() if k != "duration_s"} for line in sorted(path.read_text().splitlines())]
+        return [
+            {k: v for k, v in json.loads(line).items() if k != "duration_s"}
+            for line in sorted(path.read_text().splitlines())
+        ]
 
     for name in ("a", "b"):
-        await evaluate(["Sokoban-v0", "TicTacToe-v0"], RandomAgent, episodes=2, concurrency=3, out_dir=tmp_path / name, k=[2], agent_name="random")
+        await evaluate(
+            ["Sokoban-v0", "TicTacToe-v0"],
+            RandomAgent,
+            episodes=2,
+            concurrency=3,
+            out_dir=tmp_path / name,
+            k=[2],
+            agent_name="random",
+        )
     first, second = strip(tmp_path / "a" / "episodes.jsonl"), strip(tmp_path / "b" / "episodes.jsonl")
     assert first == second
     sokoban = [r for r in first if r["env_id"] == "Sokoban-v0" and r["seed"] == 0]
@@ -84,7 +137,9 @@ async def test_runs_are_deterministic_and_random_attempts_differ(tmp_path):
 
 async def test_resume_skips_finished_episodes_and_reruns_errored_ones(tmp_path):
     played = []
-    await evaluate(["Math-v0"], ExpertAgent, episodes=3, out_dir=tmp_path, agent_name="expert", on_episode=played.append)
+    await evaluate(
+        ["Math-v0"], ExpertAgent, episodes=3, out_dir=tmp_path, agent_name="expert", on_episode=played.append
+    )
     assert len(played) == 3
     # an errored record (e.g. the endpoint was down) and a torn last line (a crash mid-write)
     log = tmp_path / "episodes.jsonl"
@@ -92,7 +147,9 @@ async def test_resume_skips_finished_episodes_and_reruns_errored_ones(tmp_path):
     broken = json.loads(lines[0]) | {"error_kind": "unreachable", "error": "down", "reward": 0.0}
     log.write_text("\n".join([json.dumps(broken), *lines[1:]]) + '\n{"env_id": "Math-v0", "se')
     played.clear()
-    summary = await evaluate(["Math-v0"], ExpertAgent, episodes=5, out_dir=tmp_path, agent_name="expert", on_episode=played.append)
+    summary = await evaluate(
+        ["Math-v0"], ExpertAgent, episodes=5, out_dir=tmp_path, agent_name="expert", on_episode=played.append
+    )
     assert sorted(r.seed for r in played) == [0, 3, 4]  # seed 0 errored before, 3 and 4 are new
     assert summary["Math-v0"]["episodes"] == 5 and summary["Math-v0"]["errors"] == {}
     reread = EpisodeLog(log)
@@ -102,8 +159,17 @@ async def test_resume_skips_finished_episodes_and_reruns_errored_ones(tmp_path):
 async def test_cancelled_run_keeps_finished_episodes_and_summary(tmp_path):
     """What Ctrl-C does: asyncio.run cancels the evaluation; finished episodes stay on disk, a re-run completes it."""
     played = []
-    task = asyncio.create_task(evaluate(["Wordle-v0"], ExpertAgent, episodes=40, concurrency=1, out_dir=tmp_path, agent_name="expert",
-                                        on_episode=played.append))
+    task = asyncio.create_task(
+        evaluate(
+            ["Wordle-v0"],
+            ExpertAgent,
+            episodes=40,
+            concurrency=1,
+            out_dir=tmp_path,
+            agent_name="expert",
+            on_episode=played.append,
+        )
+    )
     while len(played) < 3:
         await asyncio.sleep(0.001)
     task.cancel()
@@ -113,16 +179,31 @@ async def test_cancelled_run_keeps_finished_episodes_and_summary(tmp_path):
     assert len(kept) == len(played) >= 3 and all(json.loads(line)["reward"] == 1.0 for line in kept)
     assert json.loads((tmp_path / "summary.json").read_text())["Wordle-v0"]["episodes"] == len(kept)
     played.clear()
-    summary = await evaluate(["Wordle-v0"], ExpertAgent, episodes=40, concurrency=8, out_dir=tmp_path, agent_name="expert", on_episode=played.append)
+    summary = await evaluate(
+        ["Wordle-v0"],
+        ExpertAgent,
+        episodes=40,
+        concurrency=8,
+        out_dir=tmp_path,
+        agent_name="expert",
+        on_episode=played.append,
+    )
     assert len(played) == 40 - len(kept) and summary["Wordle-v0"]["episodes"] == 40
 
 
 async def test_games_are_played_seat_by_seat_against_the_chosen_opponent(tmp_path):
     perfect = await evaluate(["TicTacToe-v0"], ExpertAgent, episodes=4, config=EvalConfig(opponent="expert"))
     assert set(perfect) == {"TicTacToe-v0#seat0", "TicTacToe-v0#seat1"}
-    assert all(row["mean_reward"] == 0.0 and row["episodes"] == 4 for row in perfect.values())  # perfect vs perfect: draws
-    vs_random_agent = await evaluate(["ConnectFour-v0"], ExpertAgent, episodes=3, config=EvalConfig(opponent=RandomAgent, seats=(1,)))
-    assert list(vs_random_agent) == ["ConnectFour-v0#seat1"] and vs_random_agent["ConnectFour-v0#seat1"]["mean_reward"] == 1.0
+    assert all(
+        row["mean_reward"] == 0.0 and row["episodes"] == 4 for row in perfect.values()
+    )  # perfect vs perfect: draws
+    vs_random_agent = await evaluate(
+        ["ConnectFour-v0"], ExpertAgent, episodes=3, config=EvalConfig(opponent=RandomAgent, seats=(1,))
+    )
+    assert (
+        list(vs_random_agent) == ["ConnectFour-v0#seat1"]
+        and vs_random_agent["ConnectFour-v0#seat1"]["mean_reward"] == 1.0
+    )
 
 
 class AlwaysRock(Agent):
@@ -144,16 +225,32 @@ class BeatsWhatItSees(Agent):
 
 async def test_simultaneous_game_is_played_seat_by_seat_as_sealed_turns():
     records = []
-    summary = await evaluate(["RockPaperScissors-v0"], AlwaysRock, episodes=3, config=EvalConfig(opponent="scripted"), on_episode=records.append)
+    summary = await evaluate(
+        ["RockPaperScissors-v0"],
+        AlwaysRock,
+        episodes=3,
+        config=EvalConfig(opponent="scripted"),
+        on_episode=records.append,
+    )
     assert set(summary) == {"RockPaperScissors-v0#seat0", "RockPaperScissors-v0#seat1"}
     assert all(row["episodes"] == 3 and row["errors"] == {} for row in summary.values())
-    # scripted plays what beats the last move from round 2 on: rock loses rounds 2-5; the reward is the total over rounds
-    assert all(r.steps == 5 and r.reward in (-5.0, -4.0, -3.0) and "Round 1: choose" in r.first_observation for r in records)
+    # scripted plays what beats the last move from round 2 on: rock loses rounds 2-5; the reward sums the rounds
+    assert all(
+        r.steps == 5 and r.reward in (-5.0, -4.0, -3.0) and "Round 1: choose" in r.first_observation for r in records
+    )
     expert = await evaluate(["RockPaperScissors-v0"], ExpertAgent, episodes=4, config=EvalConfig(opponent="expert"))
-    assert all(row["episodes"] == 4 and row["errors"] == {} and -5 <= row["mean_reward"] <= 5 for row in expert.values())
+    assert all(
+        row["episodes"] == 4 and row["errors"] == {} and -5 <= row["mean_reward"] <= 5 for row in expert.values()
+    )
     # neither seat ever sees the other's move of the round it is choosing: a peeker would otherwise win every round (+5)
     peeker = []
-    await evaluate(["RockPaperScissors-v0"], BeatsWhatItSees, episodes=4, config=EvalConfig(opponent="random"), on_episode=peeker.append)
+    await evaluate(
+        ["RockPaperScissors-v0"],
+        BeatsWhatItSees,
+        episodes=4,
+        config=EvalConfig(opponent="random"),
+        on_episode=peeker.append,
+    )
     assert len(peeker) == 8 and max(r.reward for r in peeker) < 5.0
 
 
@@ -165,7 +262,12 @@ def test_sealed_turns_hide_the_first_move_until_the_round_resolves():
     game.reset(seed=0)
     assert game.current_seat() == 1 and game.legal_actions() == [0, 1, 2]
     game.step(game.parse_move("paper"))
-    assert game.current_seat() == 0 and "Round 1: choose" in game.observe_text(0) and "opponent paper" not in game.observe_text(0) and game.outcome() is None
+    assert (
+        game.current_seat() == 0
+        and "Round 1: choose" in game.observe_text(0)
+        and "opponent paper" not in game.observe_text(0)
+        and game.outcome() is None
+    )
     game.step(game.parse_move("rock"))
     assert game.game_over() and game.outcome() == (-1.0, 1.0) and "you rock, opponent paper" in game.observe_text(0)
     with pytest.raises(ConfigError, match="game is over"):
@@ -184,7 +286,24 @@ async def test_bad_arguments_are_one_clear_error(tmp_path):
 
 def test_cli_prints_a_table_writes_files_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["eval", "Math-v0", "KuhnPoker-v0", "--agent", "expert", "-n", "3", "-k", "1,2", "--concurrency", "4", "--out", str(out), "--seed", "7", "--quiet"]
+    argv = [
+        "eval",
+        "Math-v0",
+        "KuhnPoker-v0",
+        "--agent",
+        "expert",
+        "-n",
+        "3",
+        "-k",
+        "1,2",
+        "--concurrency",
+        "4",
+        "--out",
+        str(out),
+        "--seed",
+        "7",
+        "--quiet",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "pass@2" in printed and "KuhnPoker-v0#seat1" in printed and "Math-v0" in printed
@@ -196,12 +315,15 @@ def test_cli_prints_a_table_writes_files_and_resumes(tmp_path, capsys):
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 18
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("gpt4", "unknown agent spec 'gpt4'"),
-    ("openai:", "has no URL"),
-    ("openai:localhost:8000", "not an http(s) URL"),
-    ("hf:", "has no directory"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("gpt4", "unknown agent spec 'gpt4'"),
+        ("openai:", "has no URL"),
+        ("openai:localhost:8000", "not an http(s) URL"),
+        ("hf:", "has no directory"),
+    ],
+)
 def test_wrong_agent_spec_is_one_line(spec, message, capsys):
     assert main(["eval", "Math-v0", "--agent", spec]) == 2
     err = capsys.readouterr().err.strip().splitlines()

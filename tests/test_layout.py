@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"envhub": ROOT / "envhub", "envhub.envs": ROOT / "envs", "envhub.sandboxes": ROOT / "sandboxes",
-           "envhub.trainer": ROOT / "trainer"}
+FOLDERS = {
+    "envhub": ROOT / "envhub",
+    "envhub.envs": ROOT / "envs",
+    "envhub.sandboxes": ROOT / "sandboxes",
+    "envhub.trainer": ROOT / "trainer",
+}
 # Lower layers never import higher ones; a module sits in the first layer whose prefix it matches.
 LAYERS = [
     ("cli", ("envhub.cli",)),
@@ -57,7 +61,9 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def layer(name: str) -> int:
-    return next(i for i, (_, prefixes) in enumerate(LAYERS) if any(name == p or name.startswith(p + ".") for p in prefixes))
+    return next(
+        i for i, (_, prefixes) in enumerate(LAYERS) if any(name == p or name.startswith(p + ".") for p in prefixes)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +104,13 @@ def test_no_import_cycle(graph):
 
 
 def test_dependencies_point_one_way(graph):
-    wrong = [f"{a} ({LAYERS[layer(a)][0]}) imports {b} ({LAYERS[layer(b)][0]})"
-             for a, targets in graph.items() if a != "envhub" for b in targets if layer(b) < layer(a)]
+    wrong = [
+        f"{a} ({LAYERS[layer(a)][0]}) imports {b} ({LAYERS[layer(b)][0]})"
+        for a, targets in graph.items()
+        if a != "envhub"
+        for b in targets
+        if layer(b) < layer(a)
+    ]
     assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
 
 
@@ -107,12 +118,22 @@ def test_envs_do_not_reach_into_each_other(graph):
     def package(name: str) -> str:
         return ".".join(name.split(".")[:3])  # envhub.envs.<env module or package>
 
-    wrong = [f"{a} imports {b}" for a, targets in graph.items() if a.startswith("envhub.envs.")
-             for b in targets if b.startswith("envhub.envs.") and package(a) != package(b) and b not in SHARED_ENV_MODULES]
+    wrong = [
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        if a.startswith("envhub.envs.")
+        for b in targets
+        if b.startswith("envhub.envs.") and package(a) != package(b) and b not in SHARED_ENV_MODULES
+    ]
     assert not wrong, "an env imports another env's internals:\n" + "\n".join(sorted(wrong))
 
 
 def test_servers_do_not_import_the_client(graph):
-    wrong = [f"{a} imports {b}" for a, targets in graph.items() if a.startswith("envhub.server") for b in targets
-             if b in ("envhub.remote", "envhub.envs.adapters.openenv")]
+    wrong = [
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        if a.startswith("envhub.server")
+        for b in targets
+        if b in ("envhub.remote", "envhub.envs.adapters.openenv")
+    ]
     assert not wrong, "\n".join(wrong)

@@ -79,7 +79,9 @@ def installed_plugins(tmp_path_factory):
 
 
 def test_plugin_env_is_listed_and_works_with_gym_make(installed_plugins):
-    listing = subprocess.run([sys.executable, "-m", "envhub.cli.main", "list", "--tag", "plugin"], capture_output=True, text=True)
+    listing = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "list", "--tag", "plugin"], capture_output=True, text=True
+    )
     assert listing.returncode == 0
     assert "Countdown-v0" in listing.stdout and GOOD in listing.stdout  # the source package is named
     run = _python(

@@ -25,7 +25,9 @@ def _pure_python_ids() -> list[str]:
     """Our ids plus every registered game/math env whose module is importable in this checkout."""
     ids = list(OWN_IDS)
     for spec in envhub.list_envs():
-        if spec.multiagent or spec.id in ids or not {"game", "math"} & set(spec.tags) or spec.source != "envhub":  # adapted families: tests/envs/adapters
+        if (
+            spec.multiagent or spec.id in ids or not {"game", "math"} & set(spec.tags) or spec.source != "envhub"
+        ):  # adapted families: tests/envs/adapters
             continue
         try:
             spec.load()
@@ -73,7 +75,7 @@ def test_kwargs_reach_the_remote_env(env_server):
     obs, info = env.reset(seed=0)
     assert info["seat"] == 1 and "Your opponent played" in obs
     move = info["legal_moves"][0]
-    obs, reward, *_ , info = env.step({"name": "move", "arguments": {"move": move}})  # a tool-call dict travels as JSON
+    obs, reward, *_, info = env.step({"name": "move", "arguments": {"move": move}})  # a tool-call dict travels as JSON
     assert reward == 0.0 and move not in info["legal_moves"]
     env.close()
 
@@ -116,7 +118,9 @@ async def test_bad_requests_get_4xx_with_a_message(env_server):
     assert status == 400 and "TicTacToe-SelfPlay-v0" in body["hint"]
     status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "RockPaperScissors-v0"})
     assert status == 400 and "make_multiagent" in body["hint"]
-    status, body = await _raw(env_server, "POST", "/sessions", json={"env_id": "TicTacToe-SelfPlay-v0", "kwargs": {"colour": 3}})
+    status, body = await _raw(
+        env_server, "POST", "/sessions", json={"env_id": "TicTacToe-SelfPlay-v0", "kwargs": {"colour": 3}}
+    )
     assert status == 400 and "colour" in body["error"]
     status, body = await _raw(env_server, "POST", "/sessions/nope/step", json={"action": "B2"})
     assert status == 404 and "unknown session" in body["error"]
@@ -195,7 +199,9 @@ def served_process():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "envhub.cli.main", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert "serving every registered env" in proc.stdout.readline()
     url = f"http://127.0.0.1:{port}"
@@ -248,7 +254,9 @@ def test_frozen_server_times_out_instead_of_hanging(served_process):
 def test_info_is_made_json_safe():
     import numpy as np
 
-    safe = json_safe({"mask": np.array([1, 0], dtype=np.int8), "x": np.float32(0.5), "s": {1, 2}, "f": float("nan"), "o": object})
+    safe = json_safe(
+        {"mask": np.array([1, 0], dtype=np.int8), "x": np.float32(0.5), "s": {1, 2}, "f": float("nan"), "o": object}
+    )
     assert safe["mask"] == [1, 0] and safe["x"] == 0.5 and sorted(safe["s"]) == [1, 2] and safe["f"] == "nan"
     assert isinstance(safe["o"], str)
 
@@ -261,7 +269,9 @@ def test_one_client_works_from_sync_code_and_from_several_event_loops(env_server
     third = env.step(second[4]["legal_moves"][0])
     assert "Your opponent played" in first[0] + second[0] + third[0] and not first[2]
     env.close()
-    assert not env_server.server.sessions or all(s.env_id != "TicTacToe-SelfPlay-v0" for s in env_server.server.sessions.values())
+    assert not env_server.server.sessions or all(
+        s.env_id != "TicTacToe-SelfPlay-v0" for s in env_server.server.sessions.values()
+    )
 
 
 def test_serve_on_a_busy_port_is_one_clear_line(capsys):

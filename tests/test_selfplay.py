@@ -43,7 +43,7 @@ def test_perfect_against_perfect_always_draws():
 
 def test_random_agent_loses_against_perfect_opponent():
     env = SelfPlay("TicTacToe-v0", opponent="perfect")
-    pick = lambda env, rng: str(rng.choice(env.game.legal_moves()))  # noqa: E731
+    pick = lambda env, rng: str(rng.choice(env.game.legal_moves()))
     results = [play(env, pick, seed)[0] for seed in range(30)]
     assert max(results) <= 0.0 and results.count(-1.0) > 20
 

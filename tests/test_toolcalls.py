@@ -24,13 +24,17 @@ TOOLS = [move]
 
 
 def test_hermes_tagged_call_with_prose_around_it():
-    parsed = parse_tool_calls('I will go up.\n<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>', TOOLS)
+    parsed = parse_tool_calls(
+        'I will go up.\n<tool_call>\n{"name": "move", "arguments": {"direction": "up"}}\n</tool_call>', TOOLS
+    )
     assert parsed.ok and parsed.text == "I will go up."
     assert [(c.name, c.arguments) for c in parsed.calls] == [("move", {"direction": "up"})]
 
 
 def test_several_tagged_calls_keep_their_order():
-    text = "".join(f'<tool_call>{{"name": "move", "arguments": {{"direction": "{d}"}}}}</tool_call>' for d in ("up", "left"))
+    text = "".join(
+        f'<tool_call>{{"name": "move", "arguments": {{"direction": "{d}"}}}}</tool_call>' for d in ("up", "left")
+    )
     assert [c.arguments["direction"] for c in parse_tool_calls(text, TOOLS).calls] == ["up", "left"]
 
 
@@ -42,7 +46,11 @@ def test_several_tagged_calls_keep_their_order():
         '{"name": "move", "arguments": "{\\"direction\\": \\"down\\"}"}',
         {"name": "move", "arguments": {"direction": "down"}},
         {"type": "function", "function": {"name": "move", "arguments": '{"direction": "down"}'}},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "move", "arguments": {"direction": "down"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "function": {"name": "move", "arguments": {"direction": "down"}}}],
+        },
     ],
 )
 def test_json_and_dict_forms(action):
@@ -64,8 +72,14 @@ def test_plain_text_is_not_a_call():
         ('<tool_call>{"arguments": {}}</tool_call>', 'no "name"'),
         ('<tool_call>{"name": "fly", "arguments": {}}</tool_call>', "unknown tool 'fly'; available tools: move"),
         ('<tool_call>{"name": "move", "arguments": {}}</tool_call>', "missing required argument(s) direction"),
-        ('<tool_call>{"name": "move", "arguments": {"direction": "up", "speed": 3}}</tool_call>', "unexpected argument(s) speed"),
-        ('<tool_call>{"name": "move", "arguments": {"direction": "up", "steps": "many"}}</tool_call>', "should be integer"),
+        (
+            '<tool_call>{"name": "move", "arguments": {"direction": "up", "speed": 3}}</tool_call>',
+            "unexpected argument(s) speed",
+        ),
+        (
+            '<tool_call>{"name": "move", "arguments": {"direction": "up", "steps": "many"}}</tool_call>',
+            "should be integer",
+        ),
         ('<tool_call>["move"]</tool_call>', "must be a JSON object"),
         ('<tool_call>{"name": "move", "arguments": [1]}</tool_call>', "must be a JSON object"),
     ],
@@ -95,7 +109,9 @@ def test_unclosed_tag_at_the_end_is_still_parsed():
 
 
 def test_string_numbers_are_coerced_to_the_schema_type():
-    parsed = parse_tool_calls('<tool_call>{"name": "move", "arguments": {"direction": "up", "steps": "3"}}</tool_call>', TOOLS)
+    parsed = parse_tool_calls(
+        '<tool_call>{"name": "move", "arguments": {"direction": "up", "steps": "3"}}</tool_call>', TOOLS
+    )
     assert parsed.calls[0].arguments["steps"] == 3
 
 
@@ -126,8 +142,12 @@ def test_ctx_parameter_is_injected_and_hidden_from_the_schema():
 
 
 async def test_tool_failures_become_observations():
-    parsed = parse_tool_calls('<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', ALL_TOOLS.values())
+    parsed = parse_tool_calls(
+        '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', ALL_TOOLS.values()
+    )
     result = await run_tool_call(parsed.calls[0], ALL_TOOLS.values(), ToolContext(sandbox=None))
     assert not result.ok and "needs a sandbox" in result.output
-    ok = await run_tool_call(parse_tool_calls('{"name": "move", "arguments": {"direction": "up", "steps": 2}}', TOOLS).calls[0], TOOLS)
+    ok = await run_tool_call(
+        parse_tool_calls('{"name": "move", "arguments": {"direction": "up", "steps": 2}}', TOOLS).calls[0], TOOLS
+    )
     assert ok.ok and ok.output == "moved up x2"

@@ -90,7 +90,10 @@ def test_method_tools_have_schemas_without_self_and_run_on_the_env():
         (call("add"), "missing required argument(s) amount"),
         (call("add", amount="lots"), "argument 'amount' should be integer"),
         (call("add", amount=7), "error: add failed: ValueError: amount must be 1 or 2"),
-        ("I think I will add one.", 'No tool call found. Call one of your tools (add, done), written as <tool_call>{"name": "add"'),
+        (
+            "I think I will add one.",
+            'No tool call found. Call one of your tools (add, done), written as <tool_call>{"name": "add"',
+        ),
         (b"\xff\xfe add", "not valid UTF-8"),
     ],
 )
@@ -117,7 +120,9 @@ def test_async_tool_past_its_timeout_is_reported_as_timed_out():
     env.tool_timeout = 0.2
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(call("wait", seconds=5))
-    assert "did not finish within 0.2 s" in obs and info["tool_calls"] == [{"name": "wait", "ok": False, "timed_out": True}]
+    assert "did not finish within 0.2 s" in obs and info["tool_calls"] == [
+        {"name": "wait", "ok": False, "timed_out": True}
+    ]
     assert not terminated and env.step(call("add", amount=2))[0] == "total 2"
 
 
@@ -182,7 +187,7 @@ async def test_sandboxed_env_acquires_at_reset_and_releases_at_the_end_on_reset_
     await env.aclose()
     assert bwrap_pool.metrics().in_use == 0
     with pytest.raises(envhub.SandboxError):
-        env.sandbox
+        _ = env.sandbox
 
 
 def test_sandboxed_env_passes_check_env_through_the_shared_pool(base_rootfs):

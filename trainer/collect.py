@@ -35,7 +35,8 @@ def make_agent(kind: str, env: Any, seed: int = 0) -> Any:
 def as_text(action: Any, tools: list[dict[str, Any]] | None) -> str:
     """The assistant message for an agent's action, in the rollout's tool-call format."""
     if isinstance(action, dict):
-        return f"<tool_call>{json.dumps({'name': action.get('name'), 'arguments': action.get('arguments', {})})}</tool_call>"
+        call = {"name": action.get("name"), "arguments": action.get("arguments", {})}
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
     return as_tool_call(str(action), tools)
 
 
@@ -50,7 +51,9 @@ class Demonstration:
     tools: list[dict[str, Any]] = field(default_factory=list)
 
 
-async def collect_episode(env_id: str, seed: int, agent_kind: str = "expert", max_turns: int = 32, **kwargs: Any) -> Demonstration:
+async def collect_episode(
+    env_id: str, seed: int, agent_kind: str = "expert", max_turns: int = 32, **kwargs: Any
+) -> Demonstration:
     """Play one episode with the agent, recording the conversation as the rollout would present it."""
     import envhub
 
@@ -60,7 +63,7 @@ async def collect_episode(env_id: str, seed: int, agent_kind: str = "expert", ma
         obs, info = await env.areset(seed=seed)
         agent.reset({**info, "agent_seed": seed})
         tools = info.get("tools")
-        messages = ([{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else [])
+        messages = [{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else []
         messages.append({"role": "user", "content": obs})
         total = 0.0
         for _ in range(max_turns):
@@ -68,8 +71,11 @@ async def collect_episode(env_id: str, seed: int, agent_kind: str = "expert", ma
                 action = as_text(await agent.act(obs, info), tools)
             except AgentError as exc:
                 if exc.kind == "no_expert":
-                    raise ConfigError(f"{env_id} has no solver for --agent {agent_kind}: {exc}",
-                                      hint="collect expert data from an env with a solver, e.g. Sokoban-v0, FrozenLake-v0, ShellQuiz-v0") from None
+                    raise ConfigError(
+                        f"{env_id} has no solver for --agent {agent_kind}: {exc}",
+                        hint="collect expert data from an env with a solver, e.g. Sokoban-v0, FrozenLake-v0, "
+                        "ShellQuiz-v0",
+                    ) from None
                 break  # the solver is stuck: the episode ends here, as played
             messages.append({"role": "assistant", "content": action})
             obs, reward, terminated, truncated, info = await env.astep(action)
@@ -86,8 +92,15 @@ def _tools(env: Any) -> list[dict[str, Any]]:
     return [t.schema for t in getattr(env.unwrapped, "tools", ())]
 
 
-async def collect(env_id: str, n: int, out: str | Path, agent: str = "expert", seed: int = 0, min_reward: float | None = None,
-                  **kwargs: Any) -> list[Demonstration]:
+async def collect(
+    env_id: str,
+    n: int,
+    out: str | Path,
+    agent: str = "expert",
+    seed: int = 0,
+    min_reward: float | None = None,
+    **kwargs: Any,
+) -> list[Demonstration]:
     """Collect `n` episodes (seeds seed..seed+n-1) into `out` (JSONL, one line written and flushed per episode)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

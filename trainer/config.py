@@ -22,7 +22,9 @@ class LoraConfig:
     r: int = 0  #: adapter rank; 0 = LoRA off
     alpha: float = 16.0  #: LoRA scaling numerator (scale = alpha / r)
     dropout: float = 0.0  #: dropout on the adapter input
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  #: module names to adapt
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )  #: module names to adapt
 
 
 @dataclass
@@ -31,7 +33,9 @@ class ModelConfig:
 
     name: str = "tiny"  #: "tiny" (random tiny Llama), "smollm2" (bundled SmolLM2-135M-Instruct) or a HF directory
     device: str = "auto"  #: "auto" (cuda if present, else cpu), "cpu" or "cuda"
-    dtype: str = "auto"  #: compute/engine dtype: "auto" (bf16 on cuda, fp32 on cpu), "float32" or "bfloat16" (masters stay fp32)
+    dtype: str = (
+        "auto"  #: compute/engine dtype: "auto" (bf16 on cuda, fp32 on cpu), "float32" or "bfloat16" (masters stay fp32)
+    )
     tiny_layers: int = 2  #: layers of the "tiny" model
     tiny_hidden: int = 64  #: hidden size of the "tiny" model
     lora: LoraConfig = field(default_factory=LoraConfig)  #: LoRA adapters (r > 0) instead of full fine-tuning
@@ -46,7 +50,9 @@ class EngineConfig:
     max_batch_size: int = 16  #: requests the local engine batches together
     prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
-    pause_mode: Literal["retract", "in_place", "abort", "none"] = "retract"  #: how a weight push pauses an SGLang server: retract, in_place, abort or none (blocking)
+    pause_mode: Literal["retract", "in_place", "abort", "none"] = (
+        "retract"  #: how a weight push pauses an SGLang server: retract, in_place, abort or none (blocking)
+    )
     api_key: str = ""  #: the server's --api-key (default: $ENVHUB_ENGINE_API_KEY)
 
 
@@ -97,8 +103,12 @@ class AlgorithmConfig:
     micro_batch_size: int = 8  #: most sequences per forward/backward pass (0 = only the token budget limits)
     max_tokens_per_micro_batch: int = 16384  #: padded tokens (rows x longest row) per forward/backward pass
     warmup_steps: int = 0  #: steps of linear learning-rate warmup from 0
-    lr_schedule: Literal["constant", "cosine"] = "constant"  #: after warmup: constant, or cosine decay to 0 at budget.steps
-    zero_variance_tol: float = 1e-6  #: groups whose rewards differ by at most this carry no signal (filtered, advantage 0)
+    lr_schedule: Literal["constant", "cosine"] = (
+        "constant"  #: after warmup: constant, or cosine decay to 0 at budget.steps
+    )
+    zero_variance_tol: float = (
+        1e-6  #: groups whose rewards differ by at most this carry no signal (filtered, advantage 0)
+    )
     max_reward: float = 1.0  #: reward of a solved episode: groups all at it count towards "converged"
     max_initial_kl: float = 0.05  #: stop when the first step's KL(behaviour || learner) exceeds this (0 = no check)
 
@@ -121,7 +131,9 @@ class LearnerConfig:
     devices: int = 1  #: learner processes (one per GPU; gloo processes on CPU)
     strategy: Literal["ddp", "fsdp"] = "ddp"  #: replicate weights (ddp) or shard them with FSDP2 fully_shard (fsdp)
     gradient_checkpointing: bool = False  #: recompute decoder activations in backward (less memory, ~30% more compute)
-    logprob_chunk_tokens: int = 2048  #: model tokens per vocabulary projection chunk ([chunk, vocab] fp32 logits at once)
+    logprob_chunk_tokens: int = (
+        2048  #: model tokens per vocabulary projection chunk ([chunk, vocab] fp32 logits at once)
+    )
 
 
 @dataclass
@@ -164,7 +176,7 @@ class TrainConfig:
     seed: int = 0  #: seeds task sampling, env seeds and the model init
     out_dir: str = "runs/train"  #: checkpoints, metrics.jsonl, TensorBoard logs and reward PNG
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ConfigError for values that cannot work together."""
         if not self.tasks:
             raise ConfigError("config has no tasks", hint="add `tasks: [{env: Math-v0}]`")
@@ -182,7 +194,9 @@ class TrainConfig:
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
         if self.model.lora.r > 0 and self.learner.devices > 1 and self.learner.strategy == "fsdp":
-            raise ConfigError("LoRA with learner.strategy fsdp is not supported", hint="use strategy: ddp (adapters are small)")
+            raise ConfigError(
+                "LoRA with learner.strategy fsdp is not supported", hint="use strategy: ddp (adapters are small)"
+            )
         return self
 
 
@@ -214,7 +228,11 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
     if hint in (int, float):
         if isinstance(value, str) and _YAML11_NUMBER.fullmatch(value.strip()):
             value = float(value)  # PyYAML reads 1e-5 (no dot) as a string; users mean the number
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (hint is int and not float(value).is_integer()):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (hint is int and not float(value).is_integer())
+        ):
             raise ConfigError(f"{where} must be {'an integer' if hint is int else 'a number'}, got {value!r}")
         return hint(value)
     if hint is str:
@@ -253,7 +271,9 @@ def load_config(path: str | Path) -> TrainConfig:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} not found", hint="pass the path of a YAML file, e.g. configs/ci-tiny.yaml") from None
+        raise ConfigError(
+            f"config file {str(path)!r} not found", hint="pass the path of a YAML file, e.g. configs/ci-tiny.yaml"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     return config_from_dict(data or {})

@@ -30,7 +30,9 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
-async def evaluate_policy(model: Any, tokenizer: Any, config: TrainConfig, record_dir: Path | None = None) -> dict[str, list[float]]:
+async def evaluate_policy(
+    model: Any, tokenizer: Any, config: TrainConfig, record_dir: Path | None = None
+) -> dict[str, list[float]]:
     """Rewards of greedy (or evaluation.temperature) episodes on seeds evaluation.seed .. +episodes-1 of every task."""
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.rollout import RolloutWorker
@@ -38,8 +40,13 @@ async def evaluate_policy(model: Any, tokenizer: Any, config: TrainConfig, recor
 
     ev = config.evaluation
     rollout = dataclasses.replace(config.rollout, temperature=ev.temperature, top_p=1.0)
-    engine = LocalEngine(model, tokenizer, max_batch_size=max(config.engine.max_batch_size, 1),
-                         prefix_cache_mb=config.engine.prefix_cache_mb, prefill_chunk=config.engine.prefill_chunk)
+    engine = LocalEngine(
+        model,
+        tokenizer,
+        max_batch_size=max(config.engine.max_batch_size, 1),
+        prefix_cache_mb=config.engine.prefix_cache_mb,
+        prefill_chunk=config.engine.prefill_chunk,
+    )
     worker = RolloutWorker(engine, tokenizer, rollout)
     recorder = None
     if record_dir is not None:  # the evaluated episodes, turn by turn (`envhub view RUN_DIR/eval-LABEL`)
@@ -50,7 +57,9 @@ async def evaluate_policy(model: Any, tokenizer: Any, config: TrainConfig, recor
         worker.on_episode = lambda trajectory: recorder.episode(trajectory, 0)
     jobs = [(task, ev.seed + i) for task in config.tasks for i in range(ev.episodes)]
     try:
-        trajectories = await asyncio.gather(*[worker.run_episode(env_factory(task), task.env, seed, "eval") for task, seed in jobs])
+        trajectories = await asyncio.gather(
+            *[worker.run_episode(env_factory(task), task.env, seed, "eval") for task, seed in jobs]
+        )
     finally:
         await engine.close()
         if recorder is not None:
@@ -107,6 +116,9 @@ class BeforeAfter:
         """The report as an aligned text table (mean ± standard error per label)."""
         report, labels = self.report(), list(self.results)
         header = ["task", *labels, "episodes"]
-        rows = [[task, *(f"{r[label]:.3f} ± {r[label + '_se']:.3f}" for label in labels), str(r["episodes"])] for task, r in report.items()]
+        rows = [
+            [task, *(f"{r[label]:.3f} ± {r[label + '_se']:.3f}" for label in labels), str(r["episodes"])]
+            for task, r in report.items()
+        ]
         widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *rows])

@@ -103,7 +103,9 @@ def resolve_model_path(model: str) -> Path:
         return smollm2_dir()
     path = Path(model).expanduser()
     if not (path / "config.json").exists():
-        raise EngineError(f"{model!r} is not a model directory (no config.json)", hint="use 'smollm2', 'tiny' or a local HF model dir")
+        raise EngineError(
+            f"{model!r} is not a model directory (no config.json)", hint="use 'smollm2', 'tiny' or a local HF model dir"
+        )
     return path
 
 
@@ -147,7 +149,8 @@ def tiny_llama(tokenizer: Any, seed: int = 0, hidden_size: int = 64, num_layers:
 
 
 def load_model(model: str = "smollm2", device: str | None = None, dtype: Any = None, seed: int = 0) -> tuple[Any, Any]:
-    """(model, tokenizer) for "smollm2", "tiny" or a local HF directory, on the picked device and dtype, in eval mode."""
+    """(model, tokenizer) for "smollm2", "tiny" or a local HF directory, on the picked device and dtype, in eval
+    mode."""
     from transformers import AutoModelForCausalLM
 
     target = pick_device(device)

@@ -24,17 +24,28 @@ async def check_task(task: TaskConfig, *, reset: bool = True, timeout_s: float =
         return
     shown = json.dumps(task.kwargs, default=str)
     try:
-        env = envhub.RemoteEnv(task.remote, task.env, **task.kwargs) if task.remote else envhub.make(task.env, **task.kwargs)
+        env = (
+            envhub.RemoteEnv(task.remote, task.env, **task.kwargs)
+            if task.remote
+            else envhub.make(task.env, **task.kwargs)
+        )
     except Exception as exc:
-        raise ConfigError(f"task {task.env}: cannot build the env with kwargs {shown}: {_describe(exc)}",
-                          hint="fix the task's kwargs in the config") from exc
+        raise ConfigError(
+            f"task {task.env}: cannot build the env with kwargs {shown}: {_describe(exc)}",
+            hint="fix the task's kwargs in the config",
+        ) from exc
     try:
         await asyncio.wait_for(env.areset(seed=0), timeout_s)
-    except asyncio.TimeoutError:
-        raise ConfigError(f"task {task.env}: reset did not finish within {timeout_s:g} s", hint="is a sandbox backend or server reachable?") from None
+    except TimeoutError:
+        raise ConfigError(
+            f"task {task.env}: reset did not finish within {timeout_s:g} s",
+            hint="is a sandbox backend or server reachable?",
+        ) from None
     except Exception as exc:
-        raise ConfigError(f"task {task.env}: reset failed with kwargs {shown}: {_describe(exc)}",
-                          hint="fix the task's kwargs or the env; training would fail on every episode") from exc
+        raise ConfigError(
+            f"task {task.env}: reset failed with kwargs {shown}: {_describe(exc)}",
+            hint="fix the task's kwargs or the env; training would fail on every episode",
+        ) from exc
     finally:
         try:
             await env.aclose()

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from envhub.trainer.trajectory import Trajectory
 
@@ -90,10 +91,16 @@ class TrajectoryQueue:
     def stop_reason(self, limit: int) -> str | None:
         """Why training should stop after `limit` signal-less groups in a row, or None."""
         if self.solved_in_a_row >= limit:
-            return f"converged: the last {self.solved_in_a_row} groups all reached the maximum reward {self.max_reward:g}"
+            return (
+                f"converged: the last {self.solved_in_a_row} groups all reached the maximum reward {self.max_reward:g}"
+            )
         if self.stuck_in_a_row >= limit:
-            return (f"no learning signal: in each of the last {self.stuck_in_a_row} groups every episode got the same reward below "
-                    f"the maximum {self.max_reward:g} (e.g. every episode fails); check the env, the prompt or max_new_tokens")
+            return (
+                f"no learning signal: in each of the last {self.stuck_in_a_row} groups every episode got the same "
+                f"reward below "
+                f"the maximum {self.max_reward:g} (e.g. every episode fails); check the env, the prompt or "
+                f"max_new_tokens"
+            )
         return None
 
     async def put(self, group: Group | None) -> str:
@@ -113,7 +120,10 @@ class TrajectoryQueue:
                 self.counters.failed += 1
                 await self._discard()
                 return "failed"
-            if self.filter_zero_variance and max(t.reward for t in group) - min(t.reward for t in group) <= self.zero_variance_tol:
+            if (
+                self.filter_zero_variance
+                and max(t.reward for t in group) - min(t.reward for t in group) <= self.zero_variance_tol
+            ):
                 self.counters.filtered_zero_variance += 1
                 if group[0].reward >= self.max_reward - self.zero_variance_tol:
                     self.solved_in_a_row, self.stuck_in_a_row = self.solved_in_a_row + 1, 0
@@ -179,6 +189,8 @@ class TrajectoryQueue:
     def load_state(self, state: dict[str, int]) -> None:
         """Restore counters from a checkpoint; admission restarts from the restored version."""
         self.version = int(state.get("version", 0))
-        self.counters = QueueCounters(**{k: int(v) for k, v in state.items() if k in QueueCounters.__dataclass_fields__})
+        self.counters = QueueCounters(
+            **{k: int(v) for k, v in state.items() if k in QueueCounters.__dataclass_fields__}
+        )
         self.counters.started = self.counters.consumed
         self._discarded = self.counters.consumed - self.version * self.groups_per_step

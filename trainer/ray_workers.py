@@ -29,17 +29,23 @@ from envhub.trainer.trajectory import Trajectory
 class RayOptions:
     """Where and how many env workers run."""
 
-    address: str = "local"  #: "local" starts a Ray instance in this process; else a cluster address ("auto", "ray://host:10001", "host:6379")
+    #: "local" starts a Ray instance in this process; else a cluster address ("auto", "ray://host:10001", "host:6379")
+    address: str = "local"
     workers: int = 2  #: EnvWorker actors
     cpus_per_worker: float = 1.0  #: Ray CPUs each actor reserves (its envs and sandboxes run there)
     episodes_per_worker: int = 16  #: episodes one actor runs at once (its sandbox budget)
-    resources: dict[str, float] = field(default_factory=dict)  #: custom Ray resources, e.g. {"env_host": 1} to pin actors to CPU hosts
+    resources: dict[str, float] = field(
+        default_factory=dict
+    )  #: custom Ray resources, e.g. {"env_host": 1} to pin actors to CPU hosts
     max_episode_retries: int = 3  #: resubmissions of an episode whose actor died
-    engine_host: str = ""  #: address the workers reach the driver's engine on (default 127.0.0.1 locally, the node IP on a cluster)
+    engine_host: str = (
+        ""  #: address the workers reach the driver's engine on (default 127.0.0.1 locally, the node IP on a cluster)
+    )
 
 
 def _portable_entry_points(tasks: list[TaskConfig]) -> dict[str, str]:
-    """"module:Class" entry points of the tasks' envs, so a worker process can register envs the driver registered at run time."""
+    """ "module:Class" entry points of the tasks' envs, so a worker process can register envs the driver registered at
+    run time."""
     points = {}
     for task in tasks:
         if task.remote:
@@ -52,8 +58,14 @@ def _portable_entry_points(tasks: list[TaskConfig]) -> dict[str, str]:
 class EnvWorker:
     """Plays episodes against an HTTP engine; one instance per Ray actor (an asyncio actor)."""
 
-    def __init__(self, engine_urls: str, tokenizer_name: str, rollout: RolloutConfig, entry_points: dict[str, str],
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        engine_urls: str,
+        tokenizer_name: str,
+        rollout: RolloutConfig,
+        entry_points: dict[str, str],
+        api_key: str | None = None,
+    ) -> None:
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
@@ -85,7 +97,9 @@ class EnvWorker:
 class RayRolloutSource:
     """The driver side: runs GRPO groups on EnvWorker actors and retries the episodes of dead actors."""
 
-    def __init__(self, options: RayOptions, config: TrainConfig, engine_urls: str, server: Any = None, owns_ray: bool = False) -> None:
+    def __init__(
+        self, options: RayOptions, config: TrainConfig, engine_urls: str, server: Any = None, owns_ray: bool = False
+    ) -> None:
         import ray
 
         self.ray = ray
@@ -105,7 +119,7 @@ class RayRolloutSource:
         self.actors_restarted = 0
 
     @classmethod
-    async def start(cls, options: RayOptions, config: TrainConfig, engine: Any = None) -> "RayRolloutSource":
+    async def start(cls, options: RayOptions, config: TrainConfig, engine: Any = None) -> RayRolloutSource:
         """Connect to (or start) Ray, make the engine reachable over HTTP and start the actors."""
         import ray
 
@@ -135,7 +149,9 @@ class RayRolloutSource:
         if self.options.resources:
             opts["resources"] = dict(self.options.resources)
         token = os.environ.get("ENVHUB_TOKEN")
-        if token:  # RemoteEnv tasks authenticate from the actors too; actors on other hosts do not inherit this environment
+        if (
+            token
+        ):  # RemoteEnv tasks authenticate from the actors too; actors on other hosts do not inherit this environment
             opts["runtime_env"] = {"env_vars": {"ENVHUB_TOKEN": token}}
         return self._actor_cls.options(**opts).remote(*self._args)
 
@@ -156,7 +172,7 @@ class RayRolloutSource:
 
     async def _episode(self, task: TaskConfig, seed: int, group_id: str) -> Trajectory:
         async with self._slots:
-            for attempt in range(self.options.max_episode_retries + 1):
+            for _attempt in range(self.options.max_episode_retries + 1):
                 index = min(range(len(self.actors)), key=self.load.__getitem__)
                 actor = self.actors[index]
                 self.load[index] += 1
@@ -168,7 +184,10 @@ class RayRolloutSource:
                 except asyncio.CancelledError:
                     self.ray.cancel(ref)
                     raise
-                except (self.ray.exceptions.RayActorError, getattr(self.ray.exceptions, "ActorUnavailableError", self.ray.exceptions.RayActorError)):
+                except (
+                    self.ray.exceptions.RayActorError,
+                    getattr(self.ray.exceptions, "ActorUnavailableError", self.ray.exceptions.RayActorError),
+                ):
                     self.episodes_retried += 1
                     if self.actors[index] is actor:  # the first episode to notice replaces the actor
                         self.actors_restarted += 1
@@ -176,11 +195,15 @@ class RayRolloutSource:
                         self.ray.kill(actor, no_restart=True)
                 finally:
                     self.load[index] -= 1
-        raise EngineError(f"episode of {task.env} (seed {seed}) failed on {self.options.max_episode_retries + 1} env workers in a row")
+        raise EngineError(
+            f"episode of {task.env} (seed {seed}) failed on {self.options.max_episode_retries + 1} env workers in a row"
+        )
 
     async def run_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
         """group_size + redundancy episodes of one seed on the actors; the first group_size to finish are kept."""
-        episodes = [self._episode(task, seed, group_id) for _ in range(self.rollout.group_size + self.rollout.redundancy)]
+        episodes = [
+            self._episode(task, seed, group_id) for _ in range(self.rollout.group_size + self.rollout.redundancy)
+        ]
         return await first_finished(episodes, self.rollout.group_size)
 
     async def close(self) -> None:

@@ -17,9 +17,10 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.trajectory import Trajectory
@@ -60,7 +61,9 @@ class TaskCounters:
 class EpisodeRecorder:
     """Writes the run's episodes.jsonl (sharded past `max_bytes`) and keeps per-task counters."""
 
-    def __init__(self, out_dir: str | Path, *, max_bytes: int = 64 << 20, observation_cap: int = 4000, text_cap: int = 8000) -> None:
+    def __init__(
+        self, out_dir: str | Path, *, max_bytes: int = 64 << 20, observation_cap: int = 4000, text_cap: int = 8000
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "episodes.jsonl"
@@ -91,13 +94,23 @@ class EpisodeRecorder:
         model_versions = sorted({v for v, m in zip(t.versions, t.loss_mask) if m})
         turns = [self._turn(entry) for entry in t.turn_log]
         record = {
-            "kind": "episode", "task": t.task, "seed": t.seed, "group_id": t.group_id, "step": step,
-            "policy_versions": model_versions, "reward": t.reward, "finish_reason": t.finish_reason,
-            "turns": t.turns, "model_tokens": t.num_model_tokens, "total_tokens": len(t.input_ids),
+            "kind": "episode",
+            "task": t.task,
+            "seed": t.seed,
+            "group_id": t.group_id,
+            "step": step,
+            "policy_versions": model_versions,
+            "reward": t.reward,
+            "finish_reason": t.finish_reason,
+            "turns": t.turns,
+            "model_tokens": t.num_model_tokens,
+            "total_tokens": len(t.input_ids),
             "duration_s": round(t.duration_s, 4),
             "generate_s": round(sum(e.get("generate_s", 0.0) for e in t.turn_log), 4),
             "env_s": round(sum(e.get("env_s", 0.0) for e in t.turn_log), 4),
-            "env_info": t.env_info, "log": turns, "time": time.time(),
+            "env_info": t.env_info,
+            "log": turns,
+            "time": time.time(),
         }
         self._write(record)
         if t.group_id and t.finish_reason != "cancelled":
@@ -118,9 +131,16 @@ class EpisodeRecorder:
             for trajectory in trajectories:
                 self.episode(trajectory, step)
         self._pending.pop(group_id, None)
-        self._write({"kind": "group", "group_id": group_id, "task": task, "outcome": outcome, "step": step, "time": time.time()})
+        self._write(
+            {"kind": "group", "group_id": group_id, "task": task, "outcome": outcome, "step": step, "time": time.time()}
+        )
         counters = self.tasks[task]
-        field = {"trained": "groups_trained", "filtered": "groups_filtered", "dropped_stale": "groups_dropped", "failed": "groups_failed"}.get(outcome)
+        field = {
+            "trained": "groups_trained",
+            "filtered": "groups_filtered",
+            "dropped_stale": "groups_dropped",
+            "failed": "groups_failed",
+        }.get(outcome)
         if field:
             setattr(counters, field, getattr(counters, field) + 1)
 
@@ -210,5 +230,7 @@ def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
                 elif record.get("kind") == "episode":
                     episodes.append(record)
     for record in episodes:
-        record["group_outcome"] = "cancelled" if record["finish_reason"] == "cancelled" else outcomes.get(record["group_id"])
+        record["group_outcome"] = (
+            "cancelled" if record["finish_reason"] == "cancelled" else outcomes.get(record["group_id"])
+        )
     return episodes

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from envhub.chat_tokens import ChatTokens, chat_stop_ids
-from envhub.trainer.config import RolloutConfig
 from envhub.inference import InferenceEngine, SamplingParams
+from envhub.trainer.config import RolloutConfig
 from envhub.trainer.engines.routing import episode_key
 from envhub.trainer.trajectory import Trajectory
 
@@ -67,7 +68,7 @@ class RolloutWorker:
         self.episodes_running += 1
         try:
             finish = await asyncio.wait_for(self._play(env, seed, state), timeout=self.config.episode_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.episodes_timed_out += 1
             finish = "timeout"
         except asyncio.CancelledError:
@@ -81,9 +82,19 @@ class RolloutWorker:
             self.episodes_running -= 1
             await _close(env)
             trajectory = Trajectory(
-                input_ids=state.ids, loss_mask=state.mask, behavior_logprobs=state.logprobs, versions=state.versions,
-                reward=state.reward, task=task, group_id=group_id, seed=seed, turns=state.turns,
-                finish_reason=finish, env_info=state.info, duration_s=time.monotonic() - started, turn_log=state.turn_log,
+                input_ids=state.ids,
+                loss_mask=state.mask,
+                behavior_logprobs=state.logprobs,
+                versions=state.versions,
+                reward=state.reward,
+                task=task,
+                group_id=group_id,
+                seed=seed,
+                turns=state.turns,
+                finish_reason=finish,
+                env_info=state.info,
+                duration_s=time.monotonic() - started,
+                turn_log=state.turn_log,
             )
             if self.on_episode is not None:
                 self.on_episode(trajectory)
@@ -93,24 +104,37 @@ class RolloutWorker:
         cfg = self.config
         reset_started = time.monotonic()
         obs, info = await env.areset(seed=seed)
-        state.turn_log.append({"kind": "reset", "observation": obs, "system_prompt": info.get("system_prompt", ""),
-                               "env_s": time.monotonic() - reset_started})
+        state.turn_log.append(
+            {
+                "kind": "reset",
+                "observation": obs,
+                "system_prompt": info.get("system_prompt", ""),
+                "env_s": time.monotonic() - reset_started,
+            }
+        )
         state.info = {k: v for k, v in info.items() if k not in ("tools", "system_prompt") and _is_plain(v)}
         chat = ChatTokens(self.tokenizer, tools=info.get("tools"))
-        first = ([{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else [])
+        first = [{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else []
         state.extend(chat.add_messages(first + [{"role": "user", "content": obs}]))
         while True:
             budget = cfg.max_total_tokens - len(state.ids)
             if budget <= 0:
                 return "max_tokens"
             sampling = SamplingParams(
-                max_new_tokens=min(cfg.max_new_tokens, budget), temperature=cfg.temperature,
-                top_p=cfg.top_p, stop_token_ids=tuple(sorted(self.stop_ids)),
+                max_new_tokens=min(cfg.max_new_tokens, budget),
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                stop_token_ids=tuple(sorted(self.stop_ids)),
             )
             generate_started = time.monotonic()
             result = await self.engine.generate(list(state.ids), sampling)
-            turn = {"kind": "turn", "generate_s": time.monotonic() - generate_started, "prompt_tokens": len(state.ids),
-                    "new_tokens": len(result.output_ids), "engine_finish": result.finish_reason}
+            turn = {
+                "kind": "turn",
+                "generate_s": time.monotonic() - generate_started,
+                "prompt_tokens": len(state.ids),
+                "new_tokens": len(result.output_ids),
+                "engine_finish": result.finish_reason,
+            }
             state.turn_log.append(turn)
             versions = getattr(result, "token_versions", None) or [result.weight_version] * len(result.output_ids)
             state.extend(list(result.output_ids), list(result.logprobs), list(versions))
@@ -137,7 +161,10 @@ class RolloutWorker:
 
         The rest are cancelled (their envs closed). Returns None when too many episodes fail.
         """
-        episodes = [self.run_episode(make_env, task, seed, group_id) for _ in range(self.config.group_size + self.config.redundancy)]
+        episodes = [
+            self.run_episode(make_env, task, seed, group_id)
+            for _ in range(self.config.group_size + self.config.redundancy)
+        ]
         return await first_finished(episodes, self.config.group_size)
 
 

@@ -1,4 +1,5 @@
-"""SFT warm start: fine-tune on chat-format trajectories (from `envhub collect`) before RL, loss on assistant tokens only.
+"""SFT warm start: fine-tune on chat-format trajectories (from `envhub collect`) before RL, loss on assistant tokens
+only.
 
 Each conversation is laid out with the rollout's own incremental chat-template code (`ChatTokens`), so the
 tokens, and which of them carry loss, are exactly those a rollout of the same conversation would produce:
@@ -17,8 +18,8 @@ from typing import Any
 
 import torch
 
-from envhub.errors import ConfigError
 from envhub.chat_tokens import ChatTokens
+from envhub.errors import ConfigError
 
 
 @dataclass
@@ -43,7 +44,9 @@ def layout(messages: list[dict[str, str]], tokenizer: Any, tools: list[dict[str,
             pending.append({"role": message["role"], "content": message["content"]})
             continue
         if not pending:
-            raise ConfigError("an assistant message must follow a system/user message", hint="check the JSONL conversation order")
+            raise ConfigError(
+                "an assistant message must follow a system/user message", hint="check the JSONL conversation order"
+            )
         prompt = chat.add_messages(pending)
         pending = []
         ids += prompt
@@ -59,7 +62,9 @@ def load_examples(path: str | Path, tokenizer: Any, max_tokens: int = 2048) -> l
     """Read chat-format JSONL (`messages`, optional `tools`) into examples, cut to `max_tokens`."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"SFT data {str(path)!r} not found", hint="make it with `envhub collect ENV --agent expert -n N --out FILE`")
+        raise ConfigError(
+            f"SFT data {str(path)!r} not found", hint="make it with `envhub collect ENV --agent expert -n N --out FILE`"
+        )
     examples = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -68,8 +73,10 @@ def load_examples(path: str | Path, tokenizer: Any, max_tokens: int = 2048) -> l
             record = json.loads(line)
             messages = record["messages"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{path}:{number} is not a chat record ({type(exc).__name__}: {exc})",
-                              hint='each line needs {"messages": [{"role": ..., "content": ...}, ...]}') from None
+            raise ConfigError(
+                f"{path}:{number} is not a chat record ({type(exc).__name__}: {exc})",
+                hint='each line needs {"messages": [{"role": ..., "content": ...}, ...]}',
+            ) from None
         example = layout(messages, tokenizer, record.get("tools") or None)
         example.env = str(record.get("env", ""))
         example.input_ids, example.loss_mask = example.input_ids[:max_tokens], example.loss_mask[:max_tokens]
@@ -88,9 +95,9 @@ def sft_loss(model: Any, examples: list[SFTExample], pad_id: int) -> torch.Tenso
     attention = torch.zeros((len(examples), width), dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.float32)
     for row, e in enumerate(examples):
-        ids[row, :len(e.input_ids)] = torch.tensor(e.input_ids)
-        attention[row, :len(e.input_ids)] = 1
-        mask[row, :len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.float32)
+        ids[row, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        attention[row, : len(e.input_ids)] = 1
+        mask[row, : len(e.loss_mask)] = torch.tensor(e.loss_mask, dtype=torch.float32)
     ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
     where = mask[:, 1:].bool()
     base = getattr(model, model.base_model_prefix, None)
@@ -113,8 +120,18 @@ def trainable_top_layers(model: Any, layers: int) -> list[torch.nn.Parameter]:
     return params + (list(norm.parameters()) if norm is not None else [])
 
 
-def run_sft(model: Any, examples: list[SFTExample], *, epochs: int = 1, lr: float = 1e-5, batch_size: int = 4,
-            pad_id: int = 0, seed: int = 0, max_time_s: float = 0.0, train_layers: int = 0) -> dict[str, float]:
+def run_sft(
+    model: Any,
+    examples: list[SFTExample],
+    *,
+    epochs: int = 1,
+    lr: float = 1e-5,
+    batch_size: int = 4,
+    pad_id: int = 0,
+    seed: int = 0,
+    max_time_s: float = 0.0,
+    train_layers: int = 0,
+) -> dict[str, float]:
     """Fine-tune `model` in place; returns first/last batch loss, steps and seconds.
 
     With `train_layers`, only the top layers learn: the backward pass stops there, which on a CPU roughly halves
@@ -135,7 +152,7 @@ def run_sft(model: Any, examples: list[SFTExample], *, epochs: int = 1, lr: floa
             for i in range(0, len(order), batch_size):
                 if max_time_s and time.monotonic() - started > max_time_s:
                     break
-                loss = sft_loss(model, order[i:i + batch_size], pad_id)
+                loss = sft_loss(model, order[i : i + batch_size], pad_id)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -146,9 +163,13 @@ def run_sft(model: Any, examples: list[SFTExample], *, epochs: int = 1, lr: floa
         for p in frozen:  # RL trains every weight again
             p.requires_grad_(True)
         model.eval()
-    return {"steps": steps, "first_loss": losses[0] if losses else 0.0, "last_loss": losses[-1] if losses else 0.0,
-            "examples": len(examples), "seconds": time.monotonic() - started}
-
+    return {
+        "steps": steps,
+        "first_loss": losses[0] if losses else 0.0,
+        "last_loss": losses[-1] if losses else 0.0,
+        "examples": len(examples),
+        "seconds": time.monotonic() - started,
+    }
 
 
 async def warm_start(model: Any, tokenizer: Any, config: Any, pad_id: int, out_dir: str | Path) -> dict[str, float]:
@@ -160,10 +181,23 @@ async def warm_start(model: Any, tokenizer: Any, config: Any, pad_id: int, out_d
     if sft.collect:
         data = await collect_expert_data(config, data)
     examples = load_examples(data, tokenizer, sft.max_tokens)
-    stats = await asyncio.to_thread(run_sft, model, examples, epochs=sft.epochs, lr=sft.lr, batch_size=sft.batch_size,
-                                    pad_id=pad_id, seed=config.seed, max_time_s=sft.max_time_s, train_layers=sft.train_layers)
-    print(f"sft: {stats['steps']} steps on {stats['examples']} conversations, loss {stats['first_loss']:.3f} -> "
-          f"{stats['last_loss']:.3f} in {stats['seconds']:.0f}s", flush=True)
+    stats = await asyncio.to_thread(
+        run_sft,
+        model,
+        examples,
+        epochs=sft.epochs,
+        lr=sft.lr,
+        batch_size=sft.batch_size,
+        pad_id=pad_id,
+        seed=config.seed,
+        max_time_s=sft.max_time_s,
+        train_layers=sft.train_layers,
+    )
+    print(
+        f"sft: {stats['steps']} steps on {stats['examples']} conversations, loss {stats['first_loss']:.3f} -> "
+        f"{stats['last_loss']:.3f} in {stats['seconds']:.0f}s",
+        flush=True,
+    )
     return stats
 
 
@@ -175,7 +209,9 @@ async def collect_expert_data(config: Any, path: Path) -> Path:
     for i, task in enumerate(config.tasks):
         part = path.with_suffix(f".{i}.jsonl")
         try:
-            await collect(task.env, config.sft.collect, part, seed=2_000_000 + 10_000 * i, min_reward=1e-9, **task.kwargs)
+            await collect(
+                task.env, config.sft.collect, part, seed=2_000_000 + 10_000 * i, min_reward=1e-9, **task.kwargs
+            )
         except ConfigError as exc:  # e.g. an env without a solver: the others still warm-start
             print(f"sft: no expert data for {task.env}: {exc}", flush=True)
             continue

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from envhub.errors import EnvhubError
 
@@ -35,7 +36,8 @@ class EpisodeError:
 
 
 class TaskErrors:
-    """Counts failed episodes per task, logs each to a JSONL file, and raises once a task fails `max_in_a_row` times running."""
+    """Counts failed episodes per task, logs each to a JSONL file, and raises once a task fails `max_in_a_row` times
+    running."""
 
     def __init__(self, max_in_a_row: int, log_path: str | Path | None = None) -> None:
         self.max_in_a_row = max_in_a_row
@@ -73,7 +75,8 @@ class TaskErrors:
         self.in_a_row[task] = 0
 
     def raise_if_failing(self) -> None:
-        """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed (never when the threshold is 0)."""
+        """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed (never when the threshold is
+        0)."""
         if self.max_in_a_row <= 0:
             return
         for task, count in self.in_a_row.items():

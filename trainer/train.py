@@ -14,30 +14,31 @@ import shutil
 import sys
 import time
 import traceback
-
-import torch
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from envhub.trainer.config import TaskConfig, TrainConfig, config_to_dict
+import torch
+
 from envhub.inference import InferenceEngine
+from envhub.trainer.config import TaskConfig, TrainConfig, config_to_dict
 from envhub.trainer.engines.weights import load_state
+from envhub.trainer.evaluation import BeforeAfter
+from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.precision import export_weights, resolve_precision
 from envhub.trainer.learner.step import Learner
 from envhub.trainer.metrics import MetricsLogger
+from envhub.trainer.models import build_policy
 from envhub.trainer.preflight import preflight
 from envhub.trainer.queue import TrajectoryQueue
-from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.records import EpisodeRecorder
-from envhub.trainer.sft import warm_start
 from envhub.trainer.rollout import EnvFactory, RolloutWorker
-from envhub.trainer.tasks import TaskSampler, env_factory
-from envhub.trainer.models import build_policy
+from envhub.trainer.sft import warm_start
 from envhub.trainer.task_errors import TaskErrors
+from envhub.trainer.tasks import TaskSampler, env_factory
 from envhub.trainer.trajectory import Trajectory
 
 
@@ -54,10 +55,12 @@ def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3
     if all(r.get("staleness", 0) > 0.5 and r.get("learner/clip_fraction", 0) > max_clip for r in recent):
         clip = sum(r["learner/clip_fraction"] for r in recent) / window
         kl = recent[-1].get("learner/kl_behavior", float("nan"))
-        return (f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
-                f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "
-                "too far for off-policy samples to teach. Lower algorithm.lr, or set algorithm.mode: sync or "
-                "algorithm.max_staleness: 0.")
+        return (
+            f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
+            f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "
+            "too far for off-policy samples to teach. Lower algorithm.lr, or set algorithm.mode: sync or "
+            "algorithm.max_staleness: 0."
+        )
     return None
 
 
@@ -93,8 +96,13 @@ class TrainResult:
 class Trainer:
     """Runs a TrainConfig: engine, rollout worker, queue, learner, metrics and checkpoints."""
 
-    def __init__(self, config: TrainConfig, out_dir: str | Path | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 ray: Any = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        out_dir: str | Path | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        ray: Any = None,
+    ) -> None:
         self.config = config
         self.ray = ray  # RayOptions: play episodes on Ray actors instead of in this process
         self.rollouts: Any = None
@@ -117,14 +125,22 @@ class Trainer:
             from envhub.trainer.engines.local import LocalEngine
 
             engine_dtype = resolve_precision(self.config.model.device, self.config.model.dtype).engine_dtype
-            return LocalEngine(copy.deepcopy(model).to(engine_dtype).eval(), tokenizer, max_batch_size=cfg.max_batch_size,
-                               prefix_cache_mb=cfg.prefix_cache_mb, prefill_chunk=cfg.prefill_chunk)
+            return LocalEngine(
+                copy.deepcopy(model).to(engine_dtype).eval(),
+                tokenizer,
+                max_batch_size=cfg.max_batch_size,
+                prefix_cache_mb=cfg.prefix_cache_mb,
+                prefill_chunk=cfg.prefill_chunk,
+            )
         from envhub.trainer.engines.routing import http_engines
 
-        return http_engines(cfg.url, api_key=cfg.api_key or None, pause_mode=cfg.pause_mode)  # several URLs: sticky routing
+        return http_engines(
+            cfg.url, api_key=cfg.api_key or None, pause_mode=cfg.pause_mode
+        )  # several URLs: sticky routing
 
     async def _push_weights(self, learner: Learner, version: int) -> None:
-        """Send the learner's weights, cast to the engine dtype: in-process state for LocalEngine, a saved dir for a server."""
+        """Send the learner's weights, cast to the engine dtype: in-process state for LocalEngine, a saved dir for a
+        server."""
         assert self.engine is not None
         state = await asyncio.to_thread(learner.engine_state)  # LoRA merged; gathered from every process under FSDP
         if self.config.engine.kind == "local":
@@ -144,7 +160,9 @@ class Trainer:
         self.learner_group = start_learner_processes(cfg)  # None with one learner process
         if self.learner_group is not None and self.learner_group.rank > 0:  # a torchrun follower: no rollouts here
             await asyncio.to_thread(run_follower, cfg, self.learner_group)
-            return TrainResult(self.out_dir, 0, 0, False, time.monotonic() - started, None, stop_reason="learner follower")
+            return TrainResult(
+                self.out_dir, 0, 0, False, time.monotonic() - started, None, stop_reason="learner follower"
+            )
         try:
             await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         except BaseException:
@@ -157,7 +175,11 @@ class Trainer:
         factories = {t.env: errors.wrap(t.env, env_factory(t)) for t in cfg.tasks}
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        evaluation = BeforeAfter(cfg, self.out_dir) if cfg.evaluation.episodes and not (resume and latest_checkpoint(self.out_dir)) else None
+        evaluation = (
+            BeforeAfter(cfg, self.out_dir)
+            if cfg.evaluation.episodes and not (resume and latest_checkpoint(self.out_dir))
+            else None
+        )
         if evaluation is not None:
             await evaluation.measure("before", model, tokenizer)
         if (cfg.sft.data or cfg.sft.collect) and not (resume and latest_checkpoint(self.out_dir)):
@@ -170,7 +192,14 @@ class Trainer:
         self.engine = self._make_engine(model, tokenizer)  # before LoRA wraps the model: engines serve plain weights
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         staleness = algo.max_staleness if algo.mode == "async" else 0
-        queue = TrajectoryQueue(algo.groups_per_step, staleness, algo.stale, algo.filter_zero_variance, algo.zero_variance_tol, algo.max_reward)
+        queue = TrajectoryQueue(
+            algo.groups_per_step,
+            staleness,
+            algo.stale,
+            algo.filter_zero_variance,
+            algo.zero_variance_tol,
+            algo.max_reward,
+        )
         sampler = TaskSampler(cfg.tasks, cfg.seed)
         step = 0
         if resume and (ckpt := latest_checkpoint(self.out_dir)) is not None:
@@ -244,7 +273,9 @@ class Trainer:
                 batch_task = asyncio.ensure_future(queue.get_batch())
                 stop_task = asyncio.ensure_future(self._stop.wait())
                 while not batch_task.done() and not stop_task.done() and not producer.done():
-                    await asyncio.wait({batch_task, stop_task, producer}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {batch_task, stop_task, producer}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if self.on_progress is not None:
                         self.on_progress(self._progress(recorder, queue, len(groups_in_flight)))
                     errors.raise_if_failing()
@@ -264,13 +295,25 @@ class Trainer:
                 groups, corrected = batch_task.result()
                 staleness = [queue.staleness(g) for g in groups]
                 step_started = time.monotonic()
-                stats = await asyncio.to_thread(learner.step, groups, min_version=queue.min_version())  # stale tokens: per token
+                stats = await asyncio.to_thread(
+                    learner.step, groups, min_version=queue.min_version()
+                )  # stale tokens: per token
                 step += 1
                 for g in groups:
                     recorder.group(g[0].group_id, g[0].task, "trained", step, g)
                 await self._push_weights(learner, step)
                 await queue.set_version(step)
-                row = self._row(step, groups, staleness, stats, finished, all_finished, queue, started, time.monotonic() - step_started)
+                row = self._row(
+                    step,
+                    groups,
+                    staleness,
+                    stats,
+                    finished,
+                    all_finished,
+                    queue,
+                    started,
+                    time.monotonic() - step_started,
+                )
                 row.update(errors.metrics())
                 row["tasks"] = recorder.task_metrics()
                 metrics.log(step, row)
@@ -311,7 +354,9 @@ class Trainer:
             load_state(eval_model, final_state)
             await evaluation.measure("after", eval_model, tokenizer)
             print(evaluation.table(), flush=True)
-        return TrainResult(self.out_dir, first_step, step, interrupted, time.monotonic() - started, saved, history, self.stop_reason)
+        return TrainResult(
+            self.out_dir, first_step, step, interrupted, time.monotonic() - started, saved, history, self.stop_reason
+        )
 
     def _progress(self, recorder: EpisodeRecorder, queue: TrajectoryQueue, groups_running: int) -> dict[str, Any]:
         """What is happening within the current learner step (for progress bars)."""
@@ -319,27 +364,58 @@ class Trainer:
         engine_tokens = getattr(getattr(self.engine, "stats", None), "tokens", None)
         elapsed = max(time.monotonic() - recorder.started, 1e-9)
         return {
-            "episodes_running": getattr(worker, "episodes_running", None), "episodes_done": recorder.episodes_done,
-            "groups_running": groups_running, "groups_accepted": queue.counters.accepted,
-            "groups_filtered": queue.counters.filtered_zero_variance, "groups_dropped": queue.counters.dropped_stale,
+            "episodes_running": getattr(worker, "episodes_running", None),
+            "episodes_done": recorder.episodes_done,
+            "groups_running": groups_running,
+            "groups_accepted": queue.counters.accepted,
+            "groups_filtered": queue.counters.filtered_zero_variance,
+            "groups_dropped": queue.counters.dropped_stale,
             "tokens_per_s": engine_tokens / elapsed if engine_tokens is not None else recorder.tokens_per_s(),
         }
 
-    async def _save(self, step: int, tokenizer: Any, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> Path:
+    async def _save(
+        self, step: int, tokenizer: Any, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler
+    ) -> Path:
         """Snapshot the learner (a collective under FSDP), then write the files off the event loop."""
         snapshot = await asyncio.to_thread(learner.checkpoint_state)
-        state = {"queue": queue.state(), "sampler": sampler.state(), "version": queue.version, "learner": snapshot.extra}
+        state = {
+            "queue": queue.state(),
+            "sampler": sampler.state(),
+            "version": queue.version,
+            "learner": snapshot.extra,
+        }
         budget = self.config.budget
-        return await asyncio.to_thread(save_checkpoint, self.out_dir, step, learner.model if snapshot.adapter_only else learner.hf_model(),
-                                       tokenizer, snapshot.optimizer, state, model_state=snapshot.model,
-                                       max_shard_size=budget.checkpoint_max_shard_size, keep=budget.checkpoint_keep)
+        return await asyncio.to_thread(
+            save_checkpoint,
+            self.out_dir,
+            step,
+            learner.model if snapshot.adapter_only else learner.hf_model(),
+            tokenizer,
+            snapshot.optimizer,
+            state,
+            model_state=snapshot.model,
+            max_shard_size=budget.checkpoint_max_shard_size,
+            keep=budget.checkpoint_keep,
+        )
 
-    def _row(self, step: int, groups: list[list[Trajectory]], staleness: list[int], stats: dict[str, float], finished: dict[str, deque[float]], all_finished: deque[float],
-             queue: TrajectoryQueue, started: float, step_s: float) -> dict[str, Any]:
+    def _row(
+        self,
+        step: int,
+        groups: list[list[Trajectory]],
+        staleness: list[int],
+        stats: dict[str, float],
+        finished: dict[str, deque[float]],
+        all_finished: deque[float],
+        queue: TrajectoryQueue,
+        started: float,
+        step_s: float,
+    ) -> dict[str, Any]:
         trajs = [t for g in groups for t in g]
         return {
-            "reward": {"all": sum(all_finished) / len(all_finished),
-                       **{task: sum(rs) / len(rs) for task, rs in finished.items() if rs}},
+            "reward": {
+                "all": sum(all_finished) / len(all_finished),
+                **{task: sum(rs) / len(rs) for task, rs in finished.items() if rs},
+            },
             "batch_reward": sum(t.reward for t in trajs) / len(trajs),
             "model_tokens": sum(t.num_model_tokens for t in trajs),
             "turns": sum(t.turns for t in trajs) / len(trajs),

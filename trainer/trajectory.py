@@ -29,7 +29,9 @@ class Trajectory:
     finish_reason: FinishReason
     env_info: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
-    turn_log: list[dict[str, Any]] = field(default_factory=list)  #: per turn: text, tool calls, observation, reward, timings (for the run record)
+    turn_log: list[dict[str, Any]] = field(
+        default_factory=list
+    )  #: per turn: text, tool calls, observation, reward, timings (for the run record)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)

@@ -28,7 +28,14 @@ from envhub.agents.base import Action, Agent, AgentError
 
 TOOL_MODES = ("auto", "native", "text")
 CONTEXT_MARKER = "[{n} earlier turns were removed to fit the context window]"
-_CONTEXT_WORDS = ("context length", "context_length", "context window", "maximum context", "too many tokens", "prompt is too long")
+_CONTEXT_WORDS = (
+    "context length",
+    "context_length",
+    "context window",
+    "maximum context",
+    "too many tokens",
+    "prompt is too long",
+)
 
 
 @dataclass
@@ -49,7 +56,9 @@ class ChatEndpoint:
             try:
                 from openai import AsyncOpenAI
             except ImportError as exc:
-                raise AgentError("config", "the openai package is not installed", hint="pip install 'envhub[eval]'") from exc
+                raise AgentError(
+                    "config", "the openai package is not installed", hint="pip install 'envhub[eval]'"
+                ) from exc
             key = self.api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
             # retries are ours (backoff with jitter, counted per episode), not the client's
             self._client = AsyncOpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=self.timeout_s)
@@ -65,7 +74,9 @@ class ChatEndpoint:
                 page = await self.client.models.list()
                 ids = [m.id for m in page.data]
                 if not ids:
-                    raise AgentError("not_found", f"{self.base_url}/models lists no model", hint="name one: openai:URL#MODEL")
+                    raise AgentError(
+                        "not_found", f"{self.base_url}/models lists no model", hint="name one: openai:URL#MODEL"
+                    )
                 self.model = ids[0]
         return self.model
 
@@ -97,7 +108,11 @@ class ChatAgent(Agent):
     ) -> None:
         if tool_mode not in TOOL_MODES:
             raise AgentError("config", f"unknown tool_mode {tool_mode!r}", hint=f"use one of {', '.join(TOOL_MODES)}")
-        self.endpoint = base_url if isinstance(base_url, ChatEndpoint) else ChatEndpoint(normalize_base_url(base_url), model, api_key, timeout_s)
+        self.endpoint = (
+            base_url
+            if isinstance(base_url, ChatEndpoint)
+            else ChatEndpoint(normalize_base_url(base_url), model, api_key, timeout_s)
+        )
         self.temperature, self.max_tokens, self.tool_mode = temperature, max_tokens, tool_mode
         self.context_chars, self.max_retries = context_chars, max_retries
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
@@ -120,7 +135,10 @@ class ChatAgent(Agent):
         message = await self._complete()
         content = message.content or ""
         calls = [_call_dict(c) for c in (message.tool_calls or [])]
-        assistant: dict[str, Any] = {"role": "assistant", "content": content}  # "" not None: many servers' templates read it
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": content,
+        }  # "" not None: many servers' templates read it
         if calls:
             assistant["tool_calls"] = calls
         self.turns.append([assistant])
@@ -136,7 +154,9 @@ class ChatAgent(Agent):
         if self.pending_call_ids and not self._text_tools():
             first, *rest = self.pending_call_ids
             replies = [{"role": "tool", "tool_call_id": first, "content": observation}]
-            replies += [{"role": "tool", "tool_call_id": i, "content": "Not run: make one tool call per step."} for i in rest]
+            replies += [
+                {"role": "tool", "tool_call_id": i, "content": "Not run: make one tool call per step."} for i in rest
+            ]
         else:
             replies = [{"role": "user", "content": observation}]
         self.turns[-1].extend(replies)
@@ -145,7 +165,9 @@ class ChatAgent(Agent):
     def messages(self) -> list[dict[str, Any]]:
         """The request's messages: head, then the newest turns that fit the budget (oldest dropped, marked)."""
         system = self.system_prompt + (self._text_tools_prompt() if self._text_tools() else "")
-        head = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": self.task or ""}]
+        head = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": self.task or ""}
+        ]
         size = sum(map(_chars, head))
         kept: list[list[dict[str, Any]]] = []
         for turn in reversed(self.turns):
@@ -163,7 +185,9 @@ class ChatAgent(Agent):
         return head + [m for turn in kept for m in turn]
 
     def _text_tools(self) -> bool:
-        return bool(self.tools) and (self.tool_mode == "text" or (self.tool_mode == "auto" and self.endpoint.native_tools is False))
+        return bool(self.tools) and (
+            self.tool_mode == "text" or (self.tool_mode == "auto" and self.endpoint.native_tools is False)
+        )
 
     def _text_tools_prompt(self) -> str:
         schemas = "\n".join(json.dumps(t) for t in self.tools)
@@ -180,19 +204,26 @@ class ChatAgent(Agent):
         context_retries = 0
         while True:
             native = bool(self.tools) and not self._text_tools()
-            request: dict[str, Any] = {"model": model, "messages": self.messages(), "temperature": self.temperature, "max_tokens": self.max_tokens}
+            request: dict[str, Any] = {
+                "model": model,
+                "messages": self.messages(),
+                "temperature": self.temperature,
+                "max_tokens": self.max_tokens,
+            }
             if native:
                 request["tools"] = self.tools
             if self.seed is not None:
                 request["seed"] = int(self.seed) % 2**31
             try:
-                response = await self._with_retries(lambda: self.endpoint.client.chat.completions.create(**request))
+                response = await self._with_retries(lambda r=request: self.endpoint.client.chat.completions.create(**r))
             except openai.BadRequestError as exc:
                 text = _error_text(exc)
                 if any(w in text.lower() for w in _CONTEXT_WORDS):
                     context_retries += 1
                     if context_retries > 2:
-                        raise AgentError("context_length", f"the conversation does not fit the model's context window: {text}") from None
+                        raise AgentError(
+                            "context_length", f"the conversation does not fit the model's context window: {text}"
+                        ) from None
                     self.budget = max(1, min(self.budget, sum(map(_chars, self.messages()))) // 2)
                     continue
                 if native and self.tool_mode == "auto" and "tool" in text.lower():
@@ -212,9 +243,17 @@ class ChatAgent(Agent):
             try:
                 return await request()
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-                raise AgentError("auth", f"the endpoint refused the API key ({exc.status_code}): {_error_text(exc)}", hint="pass --api-key or set OPENAI_API_KEY") from None
+                raise AgentError(
+                    "auth",
+                    f"the endpoint refused the API key ({exc.status_code}): {_error_text(exc)}",
+                    hint="pass --api-key or set OPENAI_API_KEY",
+                ) from None
             except openai.NotFoundError as exc:
-                raise AgentError("not_found", f"not found (404) at {self.endpoint.base_url}: {_error_text(exc)}", hint="check the URL (it usually ends in /v1) and the model name") from None
+                raise AgentError(
+                    "not_found",
+                    f"not found (404) at {self.endpoint.base_url}: {_error_text(exc)}",
+                    hint="check the URL (it usually ends in /v1) and the model name",
+                ) from None
             except (openai.RateLimitError, openai.InternalServerError, openai.APIConnectionError) as exc:
                 if attempt == self.max_retries:
                     raise _final_error(exc, self.endpoint.base_url, attempt + 1) from None
@@ -229,7 +268,9 @@ class ChatAgent(Agent):
                     continue
                 if exc.status_code == 400:
                     raise
-                raise AgentError("bad_request", f"the endpoint answered {exc.status_code}: {_error_text(exc)}") from None
+                raise AgentError(
+                    "bad_request", f"the endpoint answered {exc.status_code}: {_error_text(exc)}"
+                ) from None
         raise AssertionError("unreachable")
 
     def _delay(self, attempt: int, exc: Exception) -> float:
@@ -250,7 +291,9 @@ def normalize_base_url(url: str) -> str:
     """The endpoint's base URL; a bare host (no path) gets the usual `/v1`."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
-        raise AgentError("config", f"{url!r} is not an http(s) URL", hint="e.g. openai:http://127.0.0.1:8000/v1#my-model")
+        raise AgentError(
+            "config", f"{url!r} is not an http(s) URL", hint="e.g. openai:http://127.0.0.1:8000/v1#my-model"
+        )
     scheme, _, rest = url.partition("://")
     return url if "/" in rest else url + "/v1"
 
@@ -262,14 +305,23 @@ def _chars(message: dict[str, Any]) -> int:
 
 def _call_dict(call: Any) -> dict[str, Any]:
     function = call.function
-    return {"id": call.id or "", "type": "function", "function": {"name": function.name, "arguments": function.arguments or ""}}
+    return {
+        "id": call.id or "",
+        "type": "function",
+        "function": {"name": function.name, "arguments": function.arguments or ""},
+    }
 
 
 def _as_text_message(message: dict[str, Any]) -> dict[str, Any]:
     if message["role"] == "tool":
         return {"role": "user", "content": message["content"]}
     if message.get("tool_calls"):
-        calls = "".join(f"<tool_call>{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}</tool_call>" for c in message["tool_calls"])
+        calls = "".join(
+            "<tool_call>"
+            + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+            + "</tool_call>"
+            for c in message["tool_calls"]
+        )
         return {"role": "assistant", "content": (message.get("content") or "") + calls}
     return message
 
@@ -288,8 +340,16 @@ def _final_error(exc: Exception, base_url: str, attempts: int) -> AgentError:
     import openai
 
     if isinstance(exc, openai.RateLimitError):
-        return AgentError("rate_limit", f"still rate limited (429) after {attempts} attempts: {_error_text(exc)}", hint="lower --concurrency")
+        return AgentError(
+            "rate_limit",
+            f"still rate limited (429) after {attempts} attempts: {_error_text(exc)}",
+            hint="lower --concurrency",
+        )
     if isinstance(exc, openai.APIConnectionError):
-        return AgentError("unreachable", f"cannot reach {base_url} after {attempts} attempts: {exc.__cause__ or exc}", hint="is the server running? check the URL and port")
+        return AgentError(
+            "unreachable",
+            f"cannot reach {base_url} after {attempts} attempts: {exc.__cause__ or exc}",
+            hint="is the server running? check the URL and port",
+        )
     status = getattr(exc, "status_code", "5xx")
     return AgentError("server", f"server error ({status}) after {attempts} attempts: {_error_text(exc)}")

@@ -24,13 +24,15 @@ class EngineAgent(Agent):
     name = "engine"
 
     def __init__(self, engine: Any, tokenizer: Any, sampling: Any = None, *, max_total_tokens: int = 4096) -> None:
-        from envhub.inference import SamplingParams
         from envhub.chat_tokens import chat_stop_ids
+        from envhub.inference import SamplingParams
 
         self.engine, self.tokenizer = engine, tokenizer
         self.stop_ids = chat_stop_ids(tokenizer)
         sampling = sampling or SamplingParams(max_new_tokens=256, temperature=0.0)
-        self.sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(set(sampling.stop_token_ids) | self.stop_ids)))
+        self.sampling = dataclasses.replace(
+            sampling, stop_token_ids=tuple(sorted(set(sampling.stop_token_ids) | self.stop_ids))
+        )
         self.max_total_tokens = max_total_tokens
         self.reset({})
 
@@ -47,7 +49,9 @@ class EngineAgent(Agent):
 
     async def act(self, observation: str, info: dict[str, Any]) -> Action:
         first = not self.chat.messages
-        new = ([{"role": "system", "content": self.system_prompt}] if first and self.system_prompt else []) + [{"role": "user", "content": observation}]
+        new = ([{"role": "system", "content": self.system_prompt}] if first and self.system_prompt else []) + [
+            {"role": "user", "content": observation}
+        ]
         self.ids += self.chat.add_messages(new)
         if len(self.ids) + self.sampling.max_new_tokens + TURN_END_RESERVE > self.max_total_tokens:
             self._truncate()
@@ -72,14 +76,18 @@ class EngineAgent(Agent):
             marked = [dict(m) for m in head]
             if dropped:
                 marked[-1]["content"] = f"{marked[-1]['content']}\n\n{CONTEXT_MARKER.format(n=dropped)}"
-            kept = marked + rest[2 * dropped:]
+            kept = marked + rest[2 * dropped :]
             ids = self.chat.encode(self.chat.render(kept, generation_prompt=True))
             if len(ids) <= room:
                 break
             if 2 * (dropped + 1) > len(rest) - 1:  # the newest observation must stay
-                raise AgentError("context_length", f"the task and the newest turn need {len(ids)} tokens, more than the {room} left for a prompt "
-                                 f"(max_total_tokens {self.max_total_tokens} - max_new_tokens {self.sampling.max_new_tokens} - {TURN_END_RESERVE})",
-                                 hint="raise max_total_tokens or lower max_new_tokens")
+                raise AgentError(
+                    "context_length",
+                    f"the task and the newest turn need {len(ids)} tokens, more than the {room} left for a prompt "
+                    f"(max_total_tokens {self.max_total_tokens} - max_new_tokens {self.sampling.max_new_tokens} - "
+                    f"{TURN_END_RESERVE})",
+                    hint="raise max_total_tokens or lower max_new_tokens",
+                )
             dropped += 1
         self.chat.messages = kept
         self.ids = ids

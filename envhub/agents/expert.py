@@ -32,7 +32,11 @@ def as_tool_call(action: str, tools: list[dict[str, Any]] | None, *, only_named:
     if "<tool_call>" in action:
         return action
     match = _BRACKETED.match(action)
-    name, argument = (match.group(1), match.group(2)) if match and match.group(1) in functions else (None, action.strip().strip("[]"))
+    name, argument = (
+        (match.group(1), match.group(2))
+        if match and match.group(1) in functions
+        else (None, action.strip().strip("[]"))
+    )
     if name is None:
         if only_named or len(functions) != 1 or "\\boxed{" in action or action.strip().startswith("\\"):
             return action
@@ -67,7 +71,11 @@ class ExpertAgent(Agent):
     async def act(self, observation: str, info: dict[str, Any]) -> Action:
         env = self.env
         if env is None:
-            raise AgentError("no_expert", "the expert agent needs the env object", hint="call bind_env(env) before reset (local envs only)")
+            raise AgentError(
+                "no_expert",
+                "the expert agent needs the env object",
+                hint="call bind_env(env) before reset (local envs only)",
+            )
         if not self._planned:
             self._plan, self._planned = self._make_plan(env), True
         if self._plan:
@@ -82,7 +90,11 @@ class ExpertAgent(Agent):
             if not isinstance(action, str):  # a structured call ({"name", "arguments"}) goes as it is
                 return action
             return as_tool_call(action, self._tools, only_named=True)
-        raise AgentError("no_expert", f"no expert for {type(env).__name__}", hint="experts exist for the bundled envs with a solver, oracle or gold patch")
+        raise AgentError(
+            "no_expert",
+            f"no expert for {type(env).__name__}",
+            hint="experts exist for the bundled envs with a solver, oracle or gold patch",
+        )
 
     def _make_plan(self, env: Any) -> list[Action]:
         """A whole episode's actions, for envs whose expert is a fixed script."""

@@ -6,8 +6,9 @@ A spec names a kind of agent plus the resource its episodes share (an HTTP clien
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from envhub.agents.base import Agent, RandomAgent
 from envhub.agents.expert import ExpertAgent
@@ -61,26 +62,43 @@ def make_agent_factory(
 
         url, _, model = spec.removeprefix("openai:").partition("#")
         if not url:
-            raise AgentSpecError(f"agent spec {spec!r} has no URL", hint="e.g. openai:http://127.0.0.1:8000/v1#my-model")
+            raise AgentSpecError(
+                f"agent spec {spec!r} has no URL", hint="e.g. openai:http://127.0.0.1:8000/v1#my-model"
+            )
         try:
             endpoint = ChatEndpoint(normalize_base_url(url), model or None, api_key)
         except Exception as exc:
             raise AgentSpecError(f"agent spec {spec!r}: {exc}", hint=SPEC_HELP) from None
 
         def chat() -> Agent:
-            return ChatAgent(endpoint, temperature=temperature, max_tokens=max_tokens, tool_mode=tool_mode,
-                             context_chars=context_chars, max_retries=max_retries)
+            return ChatAgent(
+                endpoint,
+                temperature=temperature,
+                max_tokens=max_tokens,
+                tool_mode=tool_mode,
+                context_chars=context_chars,
+                max_retries=max_retries,
+            )
 
         return AgentFactory(spec, chat, endpoint.aclose, {"base_url": endpoint.base_url, "model": model or None})
     if spec == "smollm2" or spec.startswith("hf:"):
         model = "smollm2" if spec == "smollm2" else spec.removeprefix("hf:")
         if not model:
             raise AgentSpecError(f"agent spec {spec!r} has no directory", hint="e.g. hf:/path/to/hf-model-dir")
-        return engine_factory(spec, model, max_tokens=max_tokens, temperature=temperature, max_total_tokens=max_total_tokens, device=device)
+        return engine_factory(
+            spec,
+            model,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            max_total_tokens=max_total_tokens,
+            device=device,
+        )
     raise AgentSpecError(f"unknown agent spec {spec!r}", hint=SPEC_HELP)
 
 
-def engine_factory(spec: str, model: str, *, max_tokens: int, temperature: float, max_total_tokens: int, device: str | None = None) -> AgentFactory:
+def engine_factory(
+    spec: str, model: str, *, max_tokens: int, temperature: float, max_total_tokens: int, device: str | None = None
+) -> AgentFactory:
     """Agents over one embedded `LocalEngine` (batched across concurrent episodes) serving `model`."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
@@ -92,7 +110,9 @@ def engine_factory(spec: str, model: str, *, max_tokens: int, temperature: float
     def make() -> Agent:
         return EngineAgent(engine, engine.tokenizer, sampling, max_total_tokens=max_total_tokens)
 
-    return AgentFactory(spec, make, engine.close, {"model": model, "max_new_tokens": max_tokens, "temperature": temperature})
+    return AgentFactory(
+        spec, make, engine.close, {"model": model, "max_new_tokens": max_tokens, "temperature": temperature}
+    )
 
 
 def make_agent(spec: str, **options: Any) -> Agent:

@@ -12,10 +12,25 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-RANDOM_WORDS = ("up", "down", "left", "right", "crane", "house", "plant", "ghost", "maybe", "hello", "answer", "the", "box")
+RANDOM_WORDS = (
+    "up",
+    "down",
+    "left",
+    "right",
+    "crane",
+    "house",
+    "plant",
+    "ghost",
+    "maybe",
+    "hello",
+    "answer",
+    "the",
+    "box",
+)
 MAX_STEPS = 200  # a backstop for envs registered without max_episode_steps
 
 
@@ -86,7 +101,15 @@ def play_episodes(env_id: str, policy_name: str, policy: Policy, episodes: int, 
             returns.append(total)
             lengths.append(steps)
     except Exception as exc:  # a broken env is reported in its row, never fatal to the demo
-        return DemoResult(env_id, policy_name, len(returns), _mean(returns), _mean(lengths), time.perf_counter() - start, f"{type(exc).__name__}: {exc}")
+        return DemoResult(
+            env_id,
+            policy_name,
+            len(returns),
+            _mean(returns),
+            _mean(lengths),
+            time.perf_counter() - start,
+            f"{type(exc).__name__}: {exc}",
+        )
     finally:
         if env is not None:
             try:
@@ -150,7 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import envhub  # noqa: F401  (registers the bundled envs)
 
     env_ids = args.envs or bundled_env_ids()
-    print(f"envhub demo: {len(env_ids)} envs x {args.episodes} seeded episodes (seeds {args.seed}..{args.seed + args.episodes - 1})\n")
+    print(
+        f"envhub demo: {len(env_ids)} envs x {args.episodes} seeded episodes (seeds "
+        f"{args.seed}..{args.seed + args.episodes - 1})\n"
+    )
     results = run_demo(env_ids, episodes=args.episodes, seed=args.seed)
     print(format_table(results))
     if args.json:

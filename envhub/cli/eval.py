@@ -18,32 +18,59 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs = json.loads(args.kwargs) if args.kwargs else {}
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--kwargs is not JSON: {exc}", hint='e.g. --kwargs \'{"backend": "bwrap"}\'') from None
-    options = {"api_key": args.api_key, "max_tokens": args.max_tokens, "temperature": args.temperature, "tool_mode": args.tool_mode}
+    options = {
+        "api_key": args.api_key,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "tool_mode": args.tool_mode,
+    }
     factory = make_agent_factory(args.agent, **options)
     opponent: Any = args.opponent
     opponent_factory = None
     if opponent not in ("random", "expert", "scripted"):
         opponent = opponent_factory = make_agent_factory(args.opponent, **options)
-    config = EvalConfig(max_turns=args.max_turns, episode_timeout_s=args.episode_timeout, success_threshold=args.success_threshold,
-                        opponent=opponent, seats=tuple(args.seats), env_kwargs=env_kwargs)
+    config = EvalConfig(
+        max_turns=args.max_turns,
+        episode_timeout_s=args.episode_timeout,
+        success_threshold=args.success_threshold,
+        opponent=opponent,
+        seats=tuple(args.seats),
+        env_kwargs=env_kwargs,
+    )
     ks = sorted({int(x) for part in (args.k or ["1"]) for x in str(part).split(",") if x})
 
     async def run() -> dict[str, Any]:
         try:
-            return await evaluate(args.envs, factory, episodes=args.n, seeds=args.seed, concurrency=args.concurrency, out_dir=args.out,
-                                  k=ks, samples=args.samples, config=config, agent_name=args.agent, progress=not args.quiet)
+            return await evaluate(
+                args.envs,
+                factory,
+                episodes=args.n,
+                seeds=args.seed,
+                concurrency=args.concurrency,
+                out_dir=args.out,
+                k=ks,
+                samples=args.samples,
+                config=config,
+                agent_name=args.agent,
+                progress=not args.quiet,
+            )
         finally:
             await factory.aclose()
             if opponent_factory is not None:
                 await opponent_factory.aclose()
 
     summary = asyncio.run(run())
-    print_table(summary, ks, title=f"{args.agent} ({args.n} tasks x {args.samples or max(ks)} attempts, seed {args.seed})")
+    print_table(
+        summary, ks, title=f"{args.agent} ({args.n} tasks x {args.samples or max(ks)} attempts, seed {args.seed})"
+    )
     if args.out:
         print(f"wrote {args.out}/summary.json and {args.out}/episodes.jsonl")
     failed = sum(n for row in summary.values() for kind, n in row["errors"].items() if kind != "malformed_tool_call")
     if failed:
-        print(f"envhub: {failed} episode(s) ended in an error (errors column); re-running the same command retries them", file=sys.stderr)
+        print(
+            f"envhub: {failed} episode(s) ended in an error (errors column); re-running the same command retries them",
+            file=sys.stderr,
+        )
     return 1 if failed and not any(row["episodes"] for row in summary.values()) else 0
 
 
@@ -73,14 +100,25 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--out", default=None, help="directory for summary.json and episodes.jsonl; re-running resumes")
     p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     p.add_argument("--opponent", default="random", help="multi-agent games: random, expert, scripted or an agent spec")
-    p.add_argument("--seats", type=int, nargs="+", default=[0, 1], choices=(0, 1), help="seats to play in multi-agent games")
-    p.add_argument("--kwargs", default=None, help="JSON keyword arguments for every env, e.g. '{\"backend\": \"bwrap\"}'")
+    p.add_argument(
+        "--seats", type=int, nargs="+", default=[0, 1], choices=(0, 1), help="seats to play in multi-agent games"
+    )
+    p.add_argument(
+        "--kwargs", default=None, help="JSON keyword arguments for every env, e.g. '{\"backend\": \"bwrap\"}'"
+    )
     p.add_argument("--api-key", default=None, help="for openai: agents (default $OPENAI_API_KEY)")
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per model turn (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
-    p.add_argument("--tool-mode", default="auto", choices=("auto", "native", "text"), help="openai: agents: native tool calls or tools in the prompt")
+    p.add_argument(
+        "--tool-mode",
+        default="auto",
+        choices=("auto", "native", "text"),
+        help="openai: agents: native tool calls or tools in the prompt",
+    )
     p.add_argument("--max-turns", type=int, default=200, help="turns per episode before it is cut (default 200)")
     p.add_argument("--episode-timeout", type=float, default=900.0, help="seconds per episode (default 900)")
-    p.add_argument("--success-threshold", type=float, default=1.0, help="total reward that counts as a pass (default 1.0)")
+    p.add_argument(
+        "--success-threshold", type=float, default=1.0, help="total reward that counts as a pass (default 1.0)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=_cmd_eval)

@@ -10,7 +10,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from envhub.errors import EnvhubError
 
@@ -31,7 +32,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
     specs = list_envs(tag=args.tag)
     if args.json:
-        print(json.dumps([{"id": s.id, "tags": list(s.tags), "description": s.description, "source": s.source} for s in specs], indent=2))
+        print(
+            json.dumps(
+                [{"id": s.id, "tags": list(s.tags), "description": s.description, "source": s.source} for s in specs],
+                indent=2,
+            )
+        )
         return 0
     if not specs:
         print(f"no environment has tag {args.tag!r}" if args.tag else "no environments registered")
@@ -55,7 +61,9 @@ def _print_kwargs(env_spec: Any) -> None:
     kwargs, open_ended = constructor_kwargs(env_spec.load())
     print("kwargs:       " + ("-" if not kwargs and not open_ended else ""))
     for k in kwargs:
-        registered = f"   (registered: {json.dumps(env_spec.kwargs[k.name], default=str)})" if k.name in env_spec.kwargs else ""
+        registered = (
+            f"   (registered: {json.dumps(env_spec.kwargs[k.name], default=str)})" if k.name in env_spec.kwargs else ""
+        )
         print(f"  {k.describe()}{registered}")
     if open_ended:
         print("  **kwargs     (more keywords are passed on)")
@@ -66,8 +74,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from envhub.registry import make, make_multiagent, spec
 
     env_spec = spec(args.id)
-    print(f"id:           {env_spec.id}   (gym.make('{env_spec.gym_id}'))" if not env_spec.multiagent else f"id:           {env_spec.id}")
-    print(f"entry point:  {env_spec.entry_point if isinstance(env_spec.entry_point, str) else env_spec.entry_point.__qualname__}")
+    print(
+        f"id:           {env_spec.id}   (gym.make('{env_spec.gym_id}'))"
+        if not env_spec.multiagent
+        else f"id:           {env_spec.id}"
+    )
+    print(
+        "entry point:  "
+        + (env_spec.entry_point if isinstance(env_spec.entry_point, str) else env_spec.entry_point.__qualname__)
+    )
     print(f"source:       {env_spec.source}")
     print(f"tags:         {', '.join(env_spec.tags) or '-'}")
     print(f"max steps:    {env_spec.max_episode_steps or '-'}")
@@ -82,8 +97,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     try:
         env = make(env_spec.id)
     except (TypeError, ValueError) as exc:  # e.g. a required kwarg: the list above says which
-        raise EnvhubError(f"cannot build {env_spec.id} without kwargs to show its spaces and tools: {exc}",
-                          hint=f"see the kwargs above; try `envhub play {env_spec.id} --kwargs '{{...}}'`") from None
+        raise EnvhubError(
+            f"cannot build {env_spec.id} without kwargs to show its spaces and tools: {exc}",
+            hint=f"see the kwargs above; try `envhub play {env_spec.id} --kwargs '{{...}}'`",
+        ) from None
     try:
         unwrapped = env.unwrapped
         print(f"observation:  {env.observation_space}")

@@ -10,7 +10,9 @@ from typing import Any
 from envhub.errors import ConfigError
 
 
-def play(env_id: str, *, seed: int | None = None, kwargs: dict[str, Any] | None = None, stdin=None, stdout=None) -> float:
+def play(
+    env_id: str, *, seed: int | None = None, kwargs: dict[str, Any] | None = None, stdin=None, stdout=None
+) -> float:
     """Play one episode reading actions line by line; returns the episode's return."""
     stdin = stdin or sys.stdin
     out = stdout or sys.stdout
@@ -23,7 +25,10 @@ def play(env_id: str, *, seed: int | None = None, kwargs: dict[str, Any] | None 
             print(f"[system] {info['system_prompt']}\n", file=out)
         if info.get("tools"):
             names = ", ".join(t["function"]["name"] for t in info["tools"])
-            print(f"[tools] {names}   (write <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>)\n", file=out)
+            print(
+                f"[tools] {names}   (write <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>)\n",
+                file=out,
+            )
         print(obs, file=out)
         steps = 0
         while True:
@@ -41,7 +46,10 @@ def play(env_id: str, *, seed: int | None = None, kwargs: dict[str, Any] | None 
             total += float(reward)
             print(f"\n{obs}\n[step {steps}: reward {reward:+.3f}, return {total:+.3f}]", file=out)
             if terminated or truncated:
-                print(f"[episode {'finished' if terminated else 'truncated'} after {steps} steps, return {total:.3f}]", file=out)
+                print(
+                    f"[episode {'finished' if terminated else 'truncated'} after {steps} steps, return {total:.3f}]",
+                    file=out,
+                )
                 break
     finally:
         env.close()
@@ -57,8 +65,10 @@ def _make(env_id: str, kwargs: dict[str, Any]) -> Any:
     try:
         return make(env_id, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"cannot build {env_id} with kwargs {json.dumps(kwargs)}: {exc}",
-                          hint=f"`envhub info {env_id}` lists its kwargs with types and defaults") from None
+        raise ConfigError(
+            f"cannot build {env_id} with kwargs {json.dumps(kwargs)}: {exc}",
+            hint=f"`envhub info {env_id}` lists its kwargs with types and defaults",
+        ) from None
 
 
 def parse_kwargs(text: str) -> dict[str, Any]:
@@ -68,10 +78,14 @@ def parse_kwargs(text: str) -> dict[str, Any]:
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kwargs is not valid JSON ({exc.msg} at column {exc.colno}): {text[:80]}",
-                          hint='write a JSON object, e.g. --kwargs \'{"slippery": true}\'') from None
+        raise ConfigError(
+            f"--kwargs is not valid JSON ({exc.msg} at column {exc.colno}): {text[:80]}",
+            hint='write a JSON object, e.g. --kwargs \'{"slippery": true}\'',
+        ) from None
     if not isinstance(kwargs, dict):
-        raise ConfigError(f"--kwargs must be a JSON object, got {type(kwargs).__name__}", hint='e.g. --kwargs \'{"size": 5}\'')
+        raise ConfigError(
+            f"--kwargs must be a JSON object, got {type(kwargs).__name__}", hint='e.g. --kwargs \'{"size": 5}\''
+        )
     return kwargs
 
 

@@ -12,7 +12,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if report.cached:
         print(f"{report.tag} is up to date ({report.size_bytes / 1e6:.0f} MB; rootfs {report.rootfs})")
     else:
-        print(f"built {report.tag}: rootfs {report.rootfs_seconds:.1f} s, docker import {report.import_seconds:.1f} s, {report.size_bytes / 1e6:.0f} MB")
+        print(
+            f"built {report.tag}: rootfs {report.rootfs_seconds:.1f} s, docker import {report.import_seconds:.1f} s, "
+            f"{report.size_bytes / 1e6:.0f} MB"
+        )
     return 0
 
 
@@ -25,7 +28,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     for container in client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
         labels = container.get("Labels") or {}
         name = (container.get("Names") or ["?"])[0].lstrip("/")
-        print(f"container  {name:<40} {container.get('State', '?'):<10} pool={labels.get(LABEL_POOL, '-')} owner_pid={labels.get(LABEL_OWNER, '-')}")
+        print(
+            f"container  {name:<40} {container.get('State', '?'):<10} pool={labels.get(LABEL_POOL, '-')} "
+            f"owner_pid={labels.get(LABEL_OWNER, '-')}"
+        )
     return 0
 
 
@@ -47,12 +53,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `envhub sandbox ...`."""
     parser = sub.add_parser("sandbox", help="build sandbox images, list or clean up sandboxes")
     commands = parser.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
-    p = commands.add_parser("build", help="build the base image offline (debootstrap + docker import); a no-op when cached")
+    p = commands.add_parser(
+        "build", help="build the base image offline (debootstrap + docker import); a no-op when cached"
+    )
     p.add_argument("--force", action="store_true", help="rebuild the image even when it exists")
     p.set_defaults(handler=_cmd_build)
     p = commands.add_parser("ls", help="list envhub images and sandbox containers")
     p.set_defaults(handler=_cmd_ls)
     p = commands.add_parser("gc", help="remove sandboxes whose owner process died")
     p.add_argument("--all", action="store_true", help="remove every envhub sandbox container, live owners too")
-    p.add_argument("--images", action="store_true", help="also remove the images envhub built for SWE instances (unused ones)")
+    p.add_argument(
+        "--images", action="store_true", help="also remove the images envhub built for SWE instances (unused ones)"
+    )
     p.set_defaults(handler=_cmd_gc)

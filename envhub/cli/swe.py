@@ -16,28 +16,58 @@ def add_commands(sub: Any) -> None:
     commands = swe.add_subparsers(dest="swe_command", metavar="SUBCOMMAND", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--tasks", default=None, help="JSONL / JSON / parquet file or hub name (e.g. princeton-nlp/SWE-bench_Verified); default: the bundled set")
-        p.add_argument("--repos-dir", default=None, help="directory of owner__name git repositories (default: bundled repos)")
-        p.add_argument("--dataset", default=None, choices=("swebench", "swegym", "r2egym", "swesmith"), help="the file's format (default: detected)")
-        p.add_argument("--backend", default="docker", choices=("docker", "bwrap", "local"), help="sandbox backend (default docker)")
+        p.add_argument(
+            "--tasks",
+            default=None,
+            help="JSONL / JSON / parquet file or hub name (e.g. princeton-nlp/SWE-bench_Verified); default: the "
+            "bundled set",
+        )
+        p.add_argument(
+            "--repos-dir", default=None, help="directory of owner__name git repositories (default: bundled repos)"
+        )
+        p.add_argument(
+            "--dataset",
+            default=None,
+            choices=("swebench", "swegym", "r2egym", "swesmith"),
+            help="the file's format (default: detected)",
+        )
+        p.add_argument(
+            "--backend", default="docker", choices=("docker", "bwrap", "local"), help="sandbox backend (default docker)"
+        )
         p.add_argument("--workers", type=int, default=4, help="instances graded in parallel (default 4)")
         p.add_argument("--timeout", type=float, default=300, help="seconds allowed for one test run (default 300)")
         p.add_argument("--instance-ids", nargs="*", default=None, help="only these instances")
 
-    p = commands.add_parser("grade", help="grade a SWE-bench predictions file (instance_id, model_patch, model_name_or_path)")
+    p = commands.add_parser(
+        "grade", help="grade a SWE-bench predictions file (instance_id, model_patch, model_name_or_path)"
+    )
     common(p)
     p.add_argument("--predictions", required=True, help="predictions JSONL (or JSON list)")
     p.add_argument("--out", default=None, help="write the JSON report here (default: print it)")
     p.set_defaults(handler=_cmd_grade)
-    p = commands.add_parser("validate", help="check every instance: repo, base_commit, patches, FAIL_TO_PASS fails before / passes after")
+    p = commands.add_parser(
+        "validate", help="check every instance: repo, base_commit, patches, FAIL_TO_PASS fails before / passes after"
+    )
     common(p)
     p.set_defaults(handler=_cmd_validate)
-    p = commands.add_parser("prepare", help="make every instance's image available: present, pulled, or built locally; report what is missing")
+    p = commands.add_parser(
+        "prepare",
+        help="make every instance's image available: present, pulled, or built locally; report what is missing",
+    )
     p.add_argument("--tasks", required=True, help="JSONL / JSON / parquet file or hub name")
     p.add_argument("--instance-ids", nargs="*", default=None, help="only these instances")
-    p.add_argument("--dataset", default=None, choices=("swebench", "swegym", "r2egym", "swesmith"), help="the file's format (default: detected)")
+    p.add_argument(
+        "--dataset",
+        default=None,
+        choices=("swebench", "swegym", "r2egym", "swesmith"),
+        help="the file's format (default: detected)",
+    )
     p.add_argument("--no-pull", action="store_true", help="never contact a registry")
-    p.add_argument("--build", action="store_true", help="build missing images locally from --repos-dir (laid out as the published ones)")
+    p.add_argument(
+        "--build",
+        action="store_true",
+        help="build missing images locally from --repos-dir (laid out as the published ones)",
+    )
     p.add_argument("--repos-dir", default=None, help="owner__name git repositories to build images from")
     p.set_defaults(handler=_cmd_prepare)
     p = commands.add_parser("build", help="build the bundled repositories and print their directory")
@@ -51,7 +81,10 @@ def _load(args: argparse.Namespace) -> tuple[list, Path]:
     if args.dataset and args.tasks:
         from envhub.envs.swe.datasets import load_tasks
 
-        instances, repos_dir = load_tasks(args.tasks, dataset=args.dataset, with_images=args.repos_dir is None), args.repos_dir
+        instances, repos_dir = (
+            load_tasks(args.tasks, dataset=args.dataset, with_images=args.repos_dir is None),
+            args.repos_dir,
+        )
     else:
         instances, repos_dir = resolve_tasks(args.tasks, args.repos_dir)
     if args.instance_ids:
@@ -69,14 +102,23 @@ def _load_predictions(path: str) -> list:
         raise ConfigError(f"predictions file {path} does not exist")
     text = file.read_text(encoding="utf-8")
     try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(line) for line in text.splitlines() if line.strip()]
+        )
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     predictions = []
     for number, row in enumerate(rows, 1):
         if not isinstance(row, dict) or "instance_id" not in row:
-            raise ConfigError(f"{path}: prediction {number} has no instance_id", hint="each line needs instance_id, model_patch, model_name_or_path")
-        predictions.append(Prediction(str(row["instance_id"]), row.get("model_patch") or "", str(row.get("model_name_or_path") or "")))
+            raise ConfigError(
+                f"{path}: prediction {number} has no instance_id",
+                hint="each line needs instance_id, model_patch, model_name_or_path",
+            )
+        predictions.append(
+            Prediction(str(row["instance_id"]), row.get("model_patch") or "", str(row.get("model_name_or_path") or ""))
+        )
     return predictions
 
 
@@ -86,7 +128,9 @@ def _run(coro_factory: Any, args: argparse.Namespace) -> Any:
     from envhub.sandboxes.multipool import MultiImagePool
 
     async def main() -> Any:
-        async with MultiImagePool(args.backend, spares_budget=min(args.workers, 4), max_in_use=2 * args.workers) as pool:
+        async with MultiImagePool(
+            args.backend, spares_budget=min(args.workers, 4), max_in_use=2 * args.workers
+        ) as pool:
             return await coro_factory(pool)
 
     return asyncio.run(main())
@@ -98,15 +142,24 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     instances, repos_dir = _load(args)
     predictions = _load_predictions(args.predictions)
     started = time.perf_counter()
-    report = _run(lambda pool: grade_predictions(instances, predictions, pool, repos_dir, concurrency=args.workers, test_timeout=args.timeout), args)
+    report = _run(
+        lambda pool: grade_predictions(
+            instances, predictions, pool, repos_dir, concurrency=args.workers, test_timeout=args.timeout
+        ),
+        args,
+    )
     report["seconds"] = round(time.perf_counter() - started, 2)
     text = json.dumps(report, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
     else:
         print(text)
-    print(f"resolved {report['resolved_instances']}/{report['submitted_instances']}, unresolved {report['unresolved_instances']}, "
-          f"errors {report['error_instances']} in {report['seconds']} s" + (f"; report: {args.out}" if args.out else ""), file=sys.stderr)
+    print(
+        f"resolved {report['resolved_instances']}/{report['submitted_instances']}, unresolved "
+        f"{report['unresolved_instances']}, "
+        f"errors {report['error_instances']} in {report['seconds']} s" + (f"; report: {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -115,11 +168,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     instances, repos_dir = _load(args)
     started = time.perf_counter()
-    problems = _run(lambda pool: validate_all(instances, pool, repos_dir, concurrency=args.workers, test_timeout=args.timeout), args)
+    problems = _run(
+        lambda pool: validate_all(instances, pool, repos_dir, concurrency=args.workers, test_timeout=args.timeout), args
+    )
     for problem in problems:
         print(problem)
     bad = len({p.instance_id for p in problems})
-    print(f"{len(instances) - bad}/{len(instances)} instances valid ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    print(
+        f"{len(instances) - bad}/{len(instances)} instances valid ({time.perf_counter() - started:.1f} s)",
+        file=sys.stderr,
+    )
     return 1 if problems else 0
 
 
@@ -140,7 +198,11 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from envhub.errors import EnvhubError
     from envhub.sandboxes.images import ensure_image
 
-    instances = [i for i in load_tasks(args.tasks, dataset=args.dataset) if not args.instance_ids or i.instance_id in set(args.instance_ids)]
+    instances = [
+        i
+        for i in load_tasks(args.tasks, dataset=args.dataset)
+        if not args.instance_ids or i.instance_id in set(args.instance_ids)
+    ]
     images: dict[str, Any] = {}
     for instance in instances:
         if instance.image:
@@ -157,8 +219,12 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             missing.append(image)
             print(f"missing  {image}: {exc.args[0]}", file=sys.stderr)
     without = len(instances) - sum(1 for i in instances if i.image)
-    print(f"{len(instances)} instances, {len(images)} images: {counts['present']} present, {counts['pulled']} pulled, {counts['built']} built, "
-          f"{len(missing)} missing; {without} instances use the base image ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
+    print(
+        f"{len(instances)} instances, {len(images)} images: {counts['present']} present, {counts['pulled']} pulled, "
+        f"{counts['built']} built, "
+        f"{len(missing)} missing; {without} instances use the base image ({time.perf_counter() - started:.1f} s)",
+        file=sys.stderr,
+    )
     if missing:
         from envhub.sandboxes.images import missing_image_hint
 

@@ -1,4 +1,5 @@
-"""`envhub train CONFIG [--resume] [--out DIR] [--ray local|ADDRESS]`, `envhub bench async` and `envhub bench all --out DIR`."""
+"""`envhub train CONFIG [--resume] [--out DIR] [--ray local|ADDRESS]`, `envhub bench async` and `envhub bench all --out
+DIR`."""
 
 from __future__ import annotations
 
@@ -27,20 +28,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
         try:
             resources = json.loads(args.ray_resources) if args.ray_resources else {}
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\'') from None
+            raise ConfigError(
+                f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\''
+            ) from None
         ray = RayOptions(address=args.ray, workers=args.ray_workers, resources=resources)
     bar = tqdm(total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def on_step(row: dict[str, Any]) -> None:
         reward = row["reward"].get("all")
-        bar.set_postfix(reward="-" if reward is None else f"{reward:.3f}", loss=f"{row['learner']['loss']:.4f}",
-                        stale=f"{row['staleness']:.1f}")
+        bar.set_postfix(
+            reward="-" if reward is None else f"{reward:.3f}",
+            loss=f"{row['learner']['loss']:.4f}",
+            stale=f"{row['staleness']:.1f}",
+        )
         bar.update(1)
 
     trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
     trainer.on_progress = lambda p: bar.set_description_str(
-        f"train [episodes {p['episodes_running'] or 0} running {p['episodes_done']} done | groups {p['groups_accepted']} ok "
-        f"{p['groups_filtered']} filtered {p['groups_dropped']} dropped | {p['tokens_per_s']:.1f} tok/s]", refresh=True)
+        f"train [episodes {p['episodes_running'] or 0} running {p['episodes_done']} done | groups "
+        f"{p['groups_accepted']} ok "
+        f"{p['groups_filtered']} filtered {p['groups_dropped']} dropped | {p['tokens_per_s']:.1f} tok/s]",
+        refresh=True,
+    )
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
@@ -56,12 +65,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise
     bar.n = result.last_step
     bar.close()
-    written = [f"{name} {path}" for name, path in (("checkpoint", result.checkpoint), ("metrics", result.out_dir / "metrics.jsonl"),
-                                                      ("curve", result.out_dir / "reward_curve.png")) if path is not None and path.exists()]
-    print(f"stopped: {result.stop_reason}; steps {result.first_step}->{result.last_step} in {result.wall_s:.1f}s; "
-          + ("; ".join(written) if result.last_step > result.first_step else "no step finished, nothing saved"))
+    written = [
+        f"{name} {path}"
+        for name, path in (
+            ("checkpoint", result.checkpoint),
+            ("metrics", result.out_dir / "metrics.jsonl"),
+            ("curve", result.out_dir / "reward_curve.png"),
+        )
+        if path is not None and path.exists()
+    ]
+    print(
+        f"stopped: {result.stop_reason}; steps {result.first_step}->{result.last_step} in {result.wall_s:.1f}s; "
+        + ("; ".join(written) if result.last_step > result.first_step else "no step finished, nothing saved")
+    )
     if result.interrupted:
-        print("interrupted: resume with --resume" if result.checkpoint else "interrupted before the first step", file=sys.stderr)
+        print(
+            "interrupted: resume with --resume" if result.checkpoint else "interrupted before the first step",
+            file=sys.stderr,
+        )
         return 130
     return 0
 
@@ -81,7 +102,10 @@ def _cmd_bench_all(args: argparse.Namespace) -> int:
 
     script = Path(envhub.__file__).resolve().parents[1] / "benchmarks" / "report.py"
     if not script.exists():
-        raise EnvhubError("envhub bench all runs benchmarks/report.py from a source checkout", hint="pip install -e . from the repository")
+        raise EnvhubError(
+            "envhub bench all runs benchmarks/report.py from a source checkout",
+            hint="pip install -e . from the repository",
+        )
     spec = importlib.util.spec_from_file_location("envhub_bench_report", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -95,9 +119,19 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
-    p.add_argument("--ray", default=None, metavar="ADDRESS", help="play episodes on Ray EnvWorker actors: 'local' or a cluster address (needs envhub[ray])")
+    p.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="play episodes on Ray EnvWorker actors: 'local' or a cluster address (needs envhub[ray])",
+    )
     p.add_argument("--ray-workers", type=int, default=2, help="EnvWorker actors with --ray")
-    p.add_argument("--ray-resources", default="", metavar="JSON", help='custom Ray resources per worker, e.g. \'{"env_host": 1}\' to place workers on CPU hosts')
+    p.add_argument(
+        "--ray-resources",
+        default="",
+        metavar="JSON",
+        help='custom Ray resources per worker, e.g. \'{"env_host": 1}\' to place workers on CPU hosts',
+    )
     p.set_defaults(handler=_cmd_train)
     if "bench" in sub.choices:  # another subsystem owns `bench`; ours stay reachable as `bench-async` / `bench-all`
         p = sub.add_parser("bench-async", help="async vs sync GRPO training throughput")
@@ -105,7 +139,9 @@ def add_commands(sub: Any) -> None:
     else:
         bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", metavar="BENCH")
         p = bench.add_parser("async", help="async vs sync GRPO training throughput")
-        p_all = bench.add_parser("all", help="end-to-end report: env steps/s, sandboxes, engine, async vs sync, Ray env workers")
+        p_all = bench.add_parser(
+            "all", help="end-to-end report: env steps/s, sandboxes, engine, async vs sync, Ray env workers"
+        )
     p.add_argument("--out", default="async_vs_sync.json", help="where to write the JSON result")
     p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
     p.set_defaults(handler=_cmd_bench_async)

@@ -76,7 +76,9 @@ def make_app(run_dir: str | Path) -> Any:
         record.refresh()
         raw = request.match_info["i"]
         if not raw.isdigit() or int(raw) >= len(record.episodes):
-            return web.json_response({"error": f"no episode {raw[:40]!r}; there are {len(record.episodes)}"}, status=404)
+            return web.json_response(
+                {"error": f"no episode {raw[:40]!r}; there are {len(record.episodes)}"}, status=404
+            )
         return web.json_response(record.episodes[int(raw)])
 
     app = web.Application(client_max_size=1024)
@@ -89,20 +91,28 @@ def _cmd_view(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        raise EnvhubError(f"run directory {str(run_dir)!r} not found", hint="pass the out_dir of a training run, e.g. runs/demo")
+        raise EnvhubError(
+            f"run directory {str(run_dir)!r} not found", hint="pass the out_dir of a training run, e.g. runs/demo"
+        )
     if not (run_dir / "episodes.jsonl").exists() and not (run_dir / "metrics.jsonl").exists():
-        raise EnvhubError(f"{run_dir} has no episodes.jsonl or metrics.jsonl", hint="run `envhub train CONFIG` first; it writes them")
+        raise EnvhubError(
+            f"{run_dir} has no episodes.jsonl or metrics.jsonl", hint="run `envhub train CONFIG` first; it writes them"
+        )
     print(f"envhub view: serving {run_dir} on http://{args.host}:{args.port}/  (Ctrl-C to stop)")
     try:
         web.run_app(make_app(run_dir), host=args.host, port=args.port, print=None)
     except OSError as exc:
-        raise EnvhubError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", hint="pick another --port") from None
+        raise EnvhubError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", hint="pick another --port"
+        ) from None
     return 0
 
 
 def add_commands(sub: Any) -> None:
     """Register `envhub view`."""
-    p = sub.add_parser("view", help="browse a training run (reward curves, every episode turn by turn) in a local web page")
+    p = sub.add_parser(
+        "view", help="browse a training run (reward curves, every episode turn by turn) in a local web page"
+    )
     p.add_argument("run_dir", help="a training run's output directory (holds episodes.jsonl, metrics.jsonl)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8765)

@@ -29,7 +29,9 @@ from envhub.wire import ENDPOINTS, json_safe
 
 DEFAULT_IDLE_TIMEOUT = 600.0
 DEFAULT_MAX_SESSIONS = 1024
-CLIENT: Any = web.RequestKey("client", str) if hasattr(web, "RequestKey") else "client"  # who sent it: a token index or an IP (older aiohttp: a str key)
+CLIENT: Any = (
+    web.RequestKey("client", str) if hasattr(web, "RequestKey") else "client"
+)  # who sent it: a token index or an IP (older aiohttp: a str key)
 
 
 @dataclass
@@ -114,9 +116,14 @@ class EnvServer:
                 raise
             listed = "; ".join(f"{method} {path}" for method, path, _, _ in ENDPOINTS)
             hint = f"endpoints: {listed} (`envhub serve --help` describes them)"
-            return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}", "hint": hint}, status=exc.status)
+            return web.json_response(
+                {"error": f"{exc.reason}: {request.method} {request.path}", "hint": hint}, status=exc.status
+            )
         except Exception as exc:  # an env that crashed must not take the server down
-            return web.json_response({"error": f"{type(exc).__name__}: {exc}", "hint": "the environment raised; see the server log"}, status=500)
+            return web.json_response(
+                {"error": f"{type(exc).__name__}: {exc}", "hint": "the environment raised; see the server log"},
+                status=500,
+            )
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -132,7 +139,11 @@ class EnvServer:
         sid = request.match_info["sid"]
         session = self.sessions.get(sid)
         if session is None or session.owner != request[CLIENT]:  # another client's session looks like a missing one
-            raise HTTPError(404, f"unknown session {sid!r}", f"it was closed or reaped after {self.idle_timeout:g}s idle; create a new one with POST /sessions")
+            raise HTTPError(
+                404,
+                f"unknown session {sid!r}",
+                f"it was closed or reaped after {self.idle_timeout:g}s idle; create a new one with POST /sessions",
+            )
         session.last_used = time.monotonic()
         return session
 
@@ -171,12 +182,15 @@ class EnvServer:
             work = getattr(env, "a" + call)(*args, **kwargs)
         try:
             return await asyncio.wait_for(work, self.limits.step_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.timed_out += 1
             asyncio.get_running_loop().create_task(self._close(session))  # a stuck env may also be slow to close
             self.sessions.pop(session.id, None)
-            raise HTTPError(504, f"{session.env_id} took longer than {self.limits.step_timeout:g}s to {call}; the session was closed",
-                            "create a new session; the operator sets the limit with --step-timeout") from None
+            raise HTTPError(
+                504,
+                f"{session.env_id} took longer than {self.limits.step_timeout:g}s to {call}; the session was closed",
+                "create a new session; the operator sets the limit with --step-timeout",
+            ) from None
 
     async def _shutdown(self, app: web.Application) -> None:
         if self._reaper is not None:
@@ -190,7 +204,13 @@ class EnvServer:
 
     @staticmethod
     def _spec_json(spec: Any) -> dict[str, Any]:
-        return {"id": spec.id, "tags": list(spec.tags), "description": spec.description, "multiagent": spec.multiagent, "max_episode_steps": spec.max_episode_steps}
+        return {
+            "id": spec.id,
+            "tags": list(spec.tags),
+            "description": spec.description,
+            "multiagent": spec.multiagent,
+            "max_episode_steps": spec.max_episode_steps,
+        }
 
     async def list_envs(self, request: web.Request) -> web.Response:
         from envhub.registry import list_envs
@@ -222,27 +242,44 @@ class EnvServer:
         if env_spec.multiagent:
             seat_id = env_spec.id.rsplit("-v", 1)[0] + "-SelfPlay-v0"
             registered = any(s.id == seat_id for s in list_envs())
-            hint = f"sessions play one seat: use {seat_id}" if registered else "multi-agent envs are played locally with envhub.make_multiagent"
+            hint = (
+                f"sessions play one seat: use {seat_id}"
+                if registered
+                else "multi-agent envs are played locally with envhub.make_multiagent"
+            )
             raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", hint)
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise HTTPError(400, "'kwargs' must be a JSON object", 'e.g. {"kwargs": {"size": 6}}')
         client = request[CLIENT]
         if len(self.sessions) + sum(self._creating.values()) >= self.max_sessions:
-            raise HTTPError(429, f"the server holds its maximum of {self.max_sessions} sessions", "close finished sessions (DELETE /sessions/{id}) or retry later")
+            raise HTTPError(
+                429,
+                f"the server holds its maximum of {self.max_sessions} sessions",
+                "close finished sessions (DELETE /sessions/{id}) or retry later",
+            )
         held = sum(1 for s in self.sessions.values() if s.owner == client) + self._creating.get(client, 0)
         if held >= self.limits.sessions_per_client:
-            raise HTTPError(429, f"this client holds its maximum of {self.limits.sessions_per_client} sessions",
-                            "close finished sessions (DELETE /sessions/{id}); the operator sets --sessions-per-client")
+            raise HTTPError(
+                429,
+                f"this client holds its maximum of {self.limits.sessions_per_client} sessions",
+                "close finished sessions (DELETE /sessions/{id}); the operator sets --sessions-per-client",
+            )
         self.policy.options_for(env_spec.id, body.get("options"))  # refuse bad options before building anything
-        self._creating[client] = self._creating.get(client, 0) + 1  # counted against the limits while the env is being built
+        self._creating[client] = (
+            self._creating.get(client, 0) + 1
+        )  # counted against the limits while the env is being built
         try:
             allowed = await asyncio.to_thread(self.policy.kwargs_for, env_spec, kwargs)
             env = await asyncio.to_thread(make, env_spec.id, **allowed)
         except PolicyRefused:
             raise
         except (TypeError, ValueError, EnvhubError) as exc:
-            raise HTTPError(400, f"cannot make {env_spec.id} with kwargs {json.dumps(json_safe(kwargs))[:300]}: {exc}", f"`envhub info {env_spec.id}` lists its kwargs") from exc
+            raise HTTPError(
+                400,
+                f"cannot make {env_spec.id} with kwargs {json.dumps(json_safe(kwargs))[:300]}: {exc}",
+                f"`envhub info {env_spec.id}` lists its kwargs",
+            ) from exc
         finally:
             self._creating[client] -= 1
             if not self._creating[client]:
@@ -292,10 +329,17 @@ class EnvServer:
             raise HTTPError(400, f"'action' must be a string or an object, got {type(action).__name__}")
         size = len(action) if isinstance(action, str) else len(json.dumps(action))
         if size > self.limits.max_action_chars:
-            raise HTTPError(413, f"action is {size} characters, over this server's limit of {self.limits.max_action_chars}",
-                            "send a shorter action; the operator sets --max-action-chars")
+            raise HTTPError(
+                413,
+                f"action is {size} characters, over this server's limit of {self.limits.max_action_chars}",
+                "send a shorter action; the operator sets --max-action-chars",
+            )
         if session.needs_reset:
-            raise HTTPError(409, "step before reset: the episode has not started or has ended", f"POST /sessions/{session.id}/reset first")
+            raise HTTPError(
+                409,
+                "step before reset: the episode has not started or has ended",
+                f"POST /sessions/{session.id}/reset first",
+            )
         async with session.lock:
             try:
                 obs, reward, terminated, truncated, info = await self._run_env(session, "step", action)
@@ -305,7 +349,13 @@ class EnvServer:
             session.needs_reset = bool(terminated or truncated)
         session.last_used = time.monotonic()
         return web.json_response(
-            {"observation": json_safe(obs), "reward": json_safe(float(reward)), "terminated": bool(terminated), "truncated": bool(truncated), "info": json_safe(info)}
+            {
+                "observation": json_safe(obs),
+                "reward": json_safe(float(reward)),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": json_safe(info),
+            }
         )
 
     async def delete(self, request: web.Request) -> web.Response:

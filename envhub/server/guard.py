@@ -14,8 +14,9 @@ import hmac
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -38,7 +39,9 @@ class ServerLimits:
     """Per-request and per-client limits of `envhub serve` (each has a flag of the same name)."""
 
     max_body: int = 2 << 20  #: bytes of one request body (413 above); fits a longest action even as JSON \u escapes
-    max_action_chars: int = MAX_TEXT_LENGTH  #: characters of one action, text or JSON-encoded tool call (413 above); the envs' action space
+    max_action_chars: int = (
+        MAX_TEXT_LENGTH  #: characters of one action, text or JSON-encoded tool call (413 above); the envs' action space
+    )
     sessions_per_client: int = 256  #: sessions one token (or IP without tokens) holds at once (429 above)
     rate_limit: float = 500.0  #: requests per second per client, bursts of twice that (429 + Retry-After); 0 = off
     body_timeout: float = 30.0  #: seconds to receive a request body (408 after)
@@ -64,14 +67,26 @@ class ClientGuard:
             return f"ip:{request.remote}"
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
-            raise HTTPError(401, "missing bearer token", f"send `Authorization: Bearer TOKEN` (RemoteEnv(token=...) or {TOKEN_ENV})", {"WWW-Authenticate": "Bearer"})
+            raise HTTPError(
+                401,
+                "missing bearer token",
+                f"send `Authorization: Bearer TOKEN` (RemoteEnv(token=...) or {TOKEN_ENV})",
+                {"WWW-Authenticate": "Bearer"},
+            )
         offered = given.strip().encode()
         matched = -1
-        for index, token in enumerate(self._tokens):  # every token is compared, so timing does not tell which one matched
+        for index, token in enumerate(
+            self._tokens
+        ):  # every token is compared, so timing does not tell which one matched
             if hmac.compare_digest(offered, token):
                 matched = index
         if matched < 0:
-            raise HTTPError(401, "wrong bearer token", f"use the token the server was started with (--token or {TOKEN_ENV})", {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            raise HTTPError(
+                401,
+                "wrong bearer token",
+                f"use the token the server was started with (--token or {TOKEN_ENV})",
+                {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
         return f"token:{matched}"
 
     def admit(self, client: str) -> None:
@@ -85,8 +100,12 @@ class ClientGuard:
         if left < 1:
             wait = (1 - left) / rate
             self._buckets[client] = (left, now)
-            raise HTTPError(429, f"rate limit: more than {rate:g} requests per second from this client", "slow down and retry after the Retry-After seconds",
-                            {"Retry-After": str(max(1, math.ceil(wait)))})
+            raise HTTPError(
+                429,
+                f"rate limit: more than {rate:g} requests per second from this client",
+                "slow down and retry after the Retry-After seconds",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
         self._buckets[client] = (left - 1, now)
 
     def forget_idle(self) -> None:
@@ -103,9 +122,15 @@ class ClientGuard:
         try:
             raw = await asyncio.wait_for(request.read(), self.limits.body_timeout)
         except web.HTTPRequestEntityTooLarge:
-            raise HTTPError(413, f"request body over this server's limit of {self.limits.max_body} bytes", "send less; the operator raises it with --max-body") from None
-        except asyncio.TimeoutError:
-            raise HTTPError(408, f"request body not received within {self.limits.body_timeout:g}s", "send the whole body at once") from None
+            raise HTTPError(
+                413,
+                f"request body over this server's limit of {self.limits.max_body} bytes",
+                "send less; the operator raises it with --max-body",
+            ) from None
+        except TimeoutError:
+            raise HTTPError(
+                408, f"request body not received within {self.limits.body_timeout:g}s", "send the whole body at once"
+            ) from None
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 and over-long integers too

@@ -2,7 +2,8 @@
 
 Routes, as OpenEnv's `openenv-core` server has them:
   WS   /ws        one session (one env) per connection; messages {"type": "reset"|"step"|"state"|"close", "data": {...}}
-                  -> {"type": "observation", "data": {"observation": {...}, "reward", "done"}} | {"type": "state", ...} | {"type": "error", ...}
+                  -> {"type": "observation", "data": {"observation": {...}, "reward", "done"}}
+                   | {"type": "state", ...} | {"type": "error", ...}
   GET  /health    {"status": "healthy"}
   GET  /schema    JSON schemas of action {"text"}, observation {"text", "info", "truncated"} and state
   GET  /metadata  name and description of the served env
@@ -32,13 +33,32 @@ from envhub.server.env_server import _sync_only
 from envhub.wire import json_safe
 
 MAX_MESSAGE_BYTES = 1 << 20
-ACTION_SCHEMA = {"title": "EnvhubAction", "type": "object", "properties": {"text": {"type": "string", "description": "the agent's reply (raw model text or a tool call)"}}, "required": ["text"]}
+ACTION_SCHEMA = {
+    "title": "EnvhubAction",
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "the agent's reply (raw model text or a tool call)"}},
+    "required": ["text"],
+}
 OBSERVATION_SCHEMA = {
     "title": "EnvhubObservation",
     "type": "object",
-    "properties": {"text": {"type": "string"}, "info": {"type": "object"}, "truncated": {"type": "boolean"}, "done": {"type": "boolean"}, "reward": {"type": ["number", "null"]}},
+    "properties": {
+        "text": {"type": "string"},
+        "info": {"type": "object"},
+        "truncated": {"type": "boolean"},
+        "done": {"type": "boolean"},
+        "reward": {"type": ["number", "null"]},
+    },
 }
-STATE_SCHEMA = {"title": "State", "type": "object", "properties": {"episode_id": {"type": ["string", "null"]}, "step_count": {"type": "integer"}, "env_id": {"type": "string"}}}
+STATE_SCHEMA = {
+    "title": "State",
+    "type": "object",
+    "properties": {
+        "episode_id": {"type": ["string", "null"]},
+        "step_count": {"type": "integer"},
+        "env_id": {"type": "string"},
+    },
+}
 
 
 @dataclass
@@ -61,12 +81,22 @@ class ClientError(Exception):
 class OpenEnvServer:
     """Serves `env_id` (built with the operator's `env_kwargs`) over OpenEnv's routes."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, *, token: str | None = None, max_sessions: int = 256, idle_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        token: str | None = None,
+        max_sessions: int = 256,
+        idle_timeout: float = 600.0,
+    ) -> None:
         from envhub.registry import spec
 
         self.spec = spec(env_id)  # unknown ids fail at start, with suggestions
         if self.spec.multiagent:
-            raise EnvhubError(f"{self.spec.id} is multi-agent; OpenEnv serves one agent", hint="serve its -SelfPlay- id")
+            raise EnvhubError(
+                f"{self.spec.id} is multi-agent; OpenEnv serves one agent", hint="serve its -SelfPlay- id"
+            )
         self.env_kwargs = dict(env_kwargs or {})
         self.token = token
         self.max_sessions = max_sessions
@@ -135,8 +165,14 @@ class OpenEnvServer:
         raise ClientError("the action needs a string 'text' field", code="VALIDATION_ERROR")
 
     @staticmethod
-    def _observation(obs: Any, reward: float | None, done: bool, truncated: bool, info: dict[str, Any]) -> dict[str, Any]:
-        return {"observation": {"text": json_safe(obs), "info": json_safe(info), "truncated": truncated}, "reward": reward, "done": done}
+    def _observation(
+        obs: Any, reward: float | None, done: bool, truncated: bool, info: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "observation": {"text": json_safe(obs), "info": json_safe(info), "truncated": truncated},
+            "reward": reward,
+            "done": done,
+        }
 
     # -- HTTP routes --------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -146,7 +182,16 @@ class OpenEnvServer:
         return web.json_response({"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA})
 
     async def metadata(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": self.spec.id, "description": self.spec.description, "version": None, "author": "envhub", "readme_content": None, "documentation_url": None})
+        return web.json_response(
+            {
+                "name": self.spec.id,
+                "description": self.spec.description,
+                "version": None,
+                "author": "envhub",
+                "readme_content": None,
+                "documentation_url": None,
+            }
+        )
 
     async def state(self, request: web.Request) -> web.Response:
         return web.json_response({"episode_id": None, "step_count": 0, "env_id": self.spec.id})
@@ -178,7 +223,9 @@ class OpenEnvServer:
         try:  # OpenEnv's HTTP step is stateless: a fresh env, reset with the given seed, one step
             await self._call(env, "reset", seed=self._seed(body))
             obs, reward, terminated, truncated, info = await self._call(env, "step", action)
-            return web.json_response(self._observation(obs, float(reward), bool(terminated or truncated), bool(truncated), info))
+            return web.json_response(
+                self._observation(obs, float(reward), bool(terminated or truncated), bool(truncated), info)
+            )
         finally:
             await asyncio.to_thread(env.close)
 
@@ -195,14 +242,24 @@ class OpenEnvServer:
         await ws.prepare(request)
         await self._reap()
         if len(self.sessions) >= self.max_sessions:
-            await ws.send_json({"type": "error", "data": {"message": f"the server holds its maximum of {self.max_sessions} sessions", "code": "CAPACITY_REACHED"}})
+            await ws.send_json(
+                {
+                    "type": "error",
+                    "data": {
+                        "message": f"the server holds its maximum of {self.max_sessions} sessions",
+                        "code": "CAPACITY_REACHED",
+                    },
+                }
+            )
             await ws.close()
             return ws
         sid = uuid.uuid4().hex
         try:
             session = self.sessions[sid] = _Session(env=await asyncio.to_thread(self._make))
         except Exception as exc:
-            await ws.send_json({"type": "error", "data": {"message": f"cannot make {self.spec.id}: {exc}", "code": "FACTORY_ERROR"}})
+            await ws.send_json(
+                {"type": "error", "data": {"message": f"cannot make {self.spec.id}: {exc}", "code": "FACTORY_ERROR"}}
+            )
             await ws.close()
             return ws
         try:
@@ -239,13 +296,25 @@ class OpenEnvServer:
                 return {"type": "observation", "data": self._observation(obs, None, False, False, info)}
             if kind == "step":
                 if session.done:
-                    raise ClientError("step before reset, or after the episode ended: send a reset first", code="EXECUTION_ERROR")
+                    raise ClientError(
+                        "step before reset, or after the episode ended: send a reset first", code="EXECUTION_ERROR"
+                    )
                 obs, reward, terminated, truncated, info = await self._call(session.env, "step", self._action(data))
                 session.step_count += 1
                 session.done = bool(terminated or truncated)
-                return {"type": "observation", "data": self._observation(obs, float(reward), session.done, bool(truncated), info)}
+                return {
+                    "type": "observation",
+                    "data": self._observation(obs, float(reward), session.done, bool(truncated), info),
+                }
             if kind == "state":
-                return {"type": "state", "data": {"episode_id": session.episode_id, "step_count": session.step_count, "env_id": self.spec.id}}
+                return {
+                    "type": "state",
+                    "data": {
+                        "episode_id": session.episode_id,
+                        "step_count": session.step_count,
+                        "env_id": self.spec.id,
+                    },
+                }
             if kind == "close":
                 return None
             return {"type": "error", "data": {"message": f"Unknown message type: {kind}", "code": "UNKNOWN_TYPE"}}
@@ -258,12 +327,27 @@ class OpenEnvServer:
             return {"type": "error", "data": {"message": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"}}
 
 
-def serve(env_id: str, host: str, port: int, *, token: str | None = None, max_sessions: int | None = None, idle_timeout: float | None = None) -> None:
+def serve(
+    env_id: str,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    max_sessions: int | None = None,
+    idle_timeout: float | None = None,
+) -> None:
     """Run the OpenEnv-protocol server until interrupted."""
     limits = {k: v for k, v in (("max_sessions", max_sessions), ("idle_timeout", idle_timeout)) if v is not None}
     server = OpenEnvServer(env_id, token=token, **limits)
-    print(f"envhub: serving {server.spec.id} in OpenEnv's protocol on http://{host}:{port} (/ws, /reset, /step, /schema, /health)", flush=True)
+    print(
+        f"envhub: serving {server.spec.id} in OpenEnv's protocol on http://{host}:{port} (/ws, /reset, /step, "
+        f"/schema, /health)",
+        flush=True,
+    )
     try:
         web.run_app(server.app(), host=host, port=port, print=None, access_log=None)
     except OSError as exc:
-        raise EnvhubError(f"cannot serve on {host}:{port}: {exc.strerror or exc}", hint="choose another --port, or stop what is using it") from None
+        raise EnvhubError(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}",
+            hint="choose another --port, or stop what is using it",
+        ) from None

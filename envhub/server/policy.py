@@ -17,9 +17,10 @@ import math
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from envhub.errors import ConfigError, EnvhubError
 
@@ -53,10 +54,16 @@ class Rule:
     def from_yaml(cls, where: str, data: Any) -> Rule:
         """A rule from its policy-file form, e.g. {type: int, min: 1, max: 9} or {choices: [a, b]}."""
         if not isinstance(data, dict):
-            raise ConfigError(f"{where}: a rule must be a mapping, got {data!r}", hint="e.g. {type: int, min: 1, max: 9} or {choices: [a, b]}")
+            raise ConfigError(
+                f"{where}: a rule must be a mapping, got {data!r}",
+                hint="e.g. {type: int, min: 1, max: 9} or {choices: [a, b]}",
+            )
         unknown = set(data) - {"type", "min", "max", "choices", "max_length", "items", "under"}
         if unknown:
-            raise ConfigError(f"{where}: unknown rule field(s) {sorted(unknown)}", hint="rule fields: type, min, max, choices, max_length, items, under")
+            raise ConfigError(
+                f"{where}: unknown rule field(s) {sorted(unknown)}",
+                hint="rule fields: type, min, max, choices, max_length, items, under",
+            )
         raw = data.get("type", "any")
         types = tuple(raw if isinstance(raw, list) else [raw])
         bad = [t for t in types if t not in TYPE_NAMES]
@@ -66,8 +73,18 @@ class Rule:
         items = cls.from_yaml(f"{where}.items", data["items"]) if "items" in data else None
         under = tuple(str(Path(p).expanduser().resolve()) for p in data.get("under", ()))
         if "path" in types and not under:
-            raise ConfigError(f"{where}: a path rule needs `under: [DIR, ...]`", hint="name the directories clients may point into")
-        return cls(types, data.get("min"), data.get("max"), tuple(choices) if choices is not None else None, data.get("max_length"), items, under)
+            raise ConfigError(
+                f"{where}: a path rule needs `under: [DIR, ...]`", hint="name the directories clients may point into"
+            )
+        return cls(
+            types,
+            data.get("min"),
+            data.get("max"),
+            tuple(choices) if choices is not None else None,
+            data.get("max_length"),
+            items,
+            under,
+        )
 
     def describe(self) -> str:
         """The rule in a few words, for hints."""
@@ -89,27 +106,45 @@ class Rule:
         if self.choices is not None:
             if not any(type(value) is type(c) for c in self.choices):
                 kinds = sorted({type(c).__name__ for c in self.choices})
-                raise PolicyRefused(400, f"{what} must be {' or '.join(kinds)}, got {type(value).__name__} {_short(value)}", f"this server allows {self.describe()}")
+                raise PolicyRefused(
+                    400,
+                    f"{what} must be {' or '.join(kinds)}, got {type(value).__name__} {_short(value)}",
+                    f"this server allows {self.describe()}",
+                )
             if not any(type(value) is type(c) and value == c for c in self.choices):
-                raise PolicyRefused(403, f"{what} = {_short(value)} is not allowed by this server; allowed: {self.describe()}", bound_hint)
+                raise PolicyRefused(
+                    403,
+                    f"{what} = {_short(value)} is not allowed by this server; allowed: {self.describe()}",
+                    bound_hint,
+                )
             return
         kind = next((t for t in self.types if _is_kind(value, t)), None)
         if kind is None:
-            raise PolicyRefused(400, f"{what} must be {' or '.join(self.types)}, got {type(value).__name__} {_short(value)}", f"this server allows {self.describe()}")
+            raise PolicyRefused(
+                400,
+                f"{what} must be {' or '.join(self.types)}, got {type(value).__name__} {_short(value)}",
+                f"this server allows {self.describe()}",
+            )
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             low = -math.inf if self.min is None else self.min
             high = math.inf if self.max is None else self.max
             if not low <= value <= high:  # also refuses NaN
-                raise PolicyRefused(403, f"{what} = {_short(value)} is outside what this server allows ({self.describe()})", bound_hint)
+                raise PolicyRefused(
+                    403, f"{what} = {_short(value)} is outside what this server allows ({self.describe()})", bound_hint
+                )
         if isinstance(value, (str, list, dict)) and self.max_length is not None and len(value) > self.max_length:
-            raise PolicyRefused(403, f"{what} is {len(value)} long, over this server's limit of {self.max_length}", bound_hint)
+            raise PolicyRefused(
+                403, f"{what} is {len(value)} long, over this server's limit of {self.max_length}", bound_hint
+            )
         if isinstance(value, list) and self.items is not None:
             for i, item in enumerate(value):
                 self.items.check(f"{what}, item {i},", item, bound_hint)
         if kind == "path" and self.under:
             resolved = Path(value).expanduser().resolve()
             if not any(resolved == Path(root) or Path(root) in resolved.parents for root in self.under):
-                raise PolicyRefused(403, f"{what} = {_short(value)} resolves outside the directories this server allows", bound_hint)
+                raise PolicyRefused(
+                    403, f"{what} = {_short(value)} resolves outside the directories this server allows", bound_hint
+                )
 
 
 def _is_kind(value: Any, kind: str) -> bool:
@@ -158,22 +193,48 @@ _SELF_PLAY = {
 
 @functools.cache
 def builtin_policies() -> dict[str, EnvPolicy]:
-    """Safe client kwargs of the bundled envs (seeds, sizes and counts within bounds that reset in well under a second)."""
+    """Safe client kwargs of the bundled envs (seeds, sizes and counts within bounds that reset in well under a
+    second)."""
     from envhub.envs.math.env import KINDS
 
     side = _int(6, 10)
     table = {
-        "Sokoban-v0": {"dim": Rule(("int", "list"), 6, 10, max_length=2, items=side), "num_boxes": _int(1, 4), "scramble_steps": _int(20, 200),
-                       "min_solution_length": _int(0, 12), "shaped": Rule(("bool",)), "render_mode": _RENDER},
-        "FrozenLake-v0": {"size": _int(2, 12), "hole_fraction": Rule(("float",), 0.0, 0.5), "slippery": Rule(("bool",)), "render_mode": _RENDER},
+        "Sokoban-v0": {
+            "dim": Rule(("int", "list"), 6, 10, max_length=2, items=side),
+            "num_boxes": _int(1, 4),
+            "scramble_steps": _int(20, 200),
+            "min_solution_length": _int(0, 12),
+            "shaped": Rule(("bool",)),
+            "render_mode": _RENDER,
+        },
+        "FrozenLake-v0": {
+            "size": _int(2, 12),
+            "hole_fraction": Rule(("float",), 0.0, 0.5),
+            "slippery": Rule(("bool",)),
+            "render_mode": _RENDER,
+        },
         "Wordle-v0": {"max_guesses": _int(1, 20), "render_mode": _RENDER},
-        "Math-v0": {"kind": Rule(choices=KINDS), "difficulty": Rule(choices=(1, 2, 3)), "attempts": _int(1, 10), "render_mode": _RENDER},
+        "Math-v0": {
+            "kind": Rule(choices=KINDS),
+            "difficulty": Rule(choices=(1, 2, 3)),
+            "attempts": _int(1, 10),
+            "render_mode": _RENDER,
+        },
         "Letters-v0": {"letters": Rule(("str",), max_length=64), "turns": _int(1, 20), "render_mode": _RENDER},
         "TicTacToe-SelfPlay-v0": dict(_SELF_PLAY),
         "ConnectFour-SelfPlay-v0": dict(_SELF_PLAY),
         "KuhnPoker-SelfPlay-v0": dict(_SELF_PLAY),
-        "SWE-v0": {"max_steps": _int(1, 40), "instance_ids": Rule(("list", "null"), max_length=64, items=Rule(("str",), max_length=200)), "render_mode": _RENDER},
-        "WebShop-v0": {"catalog_seed": _int(0, 3), "max_steps": _int(1, 20), "render": Rule(choices=("text",)), "render_mode": _RENDER},
+        "SWE-v0": {
+            "max_steps": _int(1, 40),
+            "instance_ids": Rule(("list", "null"), max_length=64, items=Rule(("str",), max_length=200)),
+            "render_mode": _RENDER,
+        },
+        "WebShop-v0": {
+            "catalog_seed": _int(0, 3),
+            "max_steps": _int(1, 20),
+            "render": Rule(choices=("text",)),
+            "render_mode": _RENDER,
+        },
     }
     options = {
         "SWE-v0": {"instance_id": Rule(("str",), max_length=200), "index": _int(0, 100_000)},
@@ -190,7 +251,11 @@ def constructor_parameters(entry: Any) -> dict[str, inspect.Parameter] | None:
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return None
-    return {n: p for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return {
+        n: p
+        for n, p in params.items()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
 
 
 def rule_from_signature(entry: Any, name: str) -> Rule:
@@ -205,7 +270,17 @@ def rule_from_signature(entry: Any, name: str) -> Rule:
 
 
 def _kinds_of(hint: Any) -> list[str]:
-    simple = {int: "int", float: "float", bool: "bool", str: "str", type(None): "null", Path: "str", list: "list", tuple: "list", dict: "dict"}
+    simple = {
+        int: "int",
+        float: "float",
+        bool: "bool",
+        str: "str",
+        type(None): "null",
+        Path: "str",
+        list: "list",
+        tuple: "list",
+        dict: "dict",
+    }
     if hint in simple:
         return [simple[hint]]
     origin = typing.get_origin(hint)
@@ -239,25 +314,40 @@ class ServePolicy:
     def kwargs_for(self, spec: Any, client: dict[str, Any]) -> dict[str, Any]:
         """The kwargs to build `spec`'s env with for this client request, or PolicyRefused."""
         if not self.serves(spec.id):
-            raise PolicyRefused(403, f"{spec.id} is not served by this server", f"the operator serves it with `envhub serve --env {spec.id}` or in the --policy file")
+            raise PolicyRefused(
+                403,
+                f"{spec.id} is not served by this server",
+                f"the operator serves it with `envhub serve --env {spec.id}` or in the --policy file",
+            )
         policy = self.env_policy(spec.id)
         entry = spec.load()
         params = constructor_parameters(entry)
         for name, value in client.items():
             if params is not None and name not in params:
                 close = difflib.get_close_matches(name, list(params), n=3)
-                hint = (f"did you mean {', '.join(close)}? " if close else "") + f"`envhub info {spec.id}` lists its kwargs"
+                hint = (
+                    f"did you mean {', '.join(close)}? " if close else ""
+                ) + f"`envhub info {spec.id}` lists its kwargs"
                 raise PolicyRefused(400, f"unknown kwarg {name!r} for {spec.id}", hint)
             rule = policy.client_kwargs.get(name)
             if rule is None:
-                raise PolicyRefused(403, f"kwarg {name!r} of {spec.id} is not client-settable on this server", _allow_hint(spec.id, name))
-            rule.check(f"kwarg {name!r} of {spec.id}", value, f"the operator sets its bounds in the --policy file (envs: {spec.id}: client_kwargs: {name})")
+                raise PolicyRefused(
+                    403,
+                    f"kwarg {name!r} of {spec.id} is not client-settable on this server",
+                    _allow_hint(spec.id, name),
+                )
+            rule.check(
+                f"kwarg {name!r} of {spec.id}",
+                value,
+                f"the operator sets its bounds in the --policy file (envs: {spec.id}: client_kwargs: {name})",
+            )
         merged = {**policy.kwargs, **client}
         backend = merged.get("backend", spec.kwargs.get("backend", _default(params, "backend")))
         if backend == "local" and not self.allow_local_backend:
             raise PolicyRefused(
                 403,
-                f"kwarg 'backend' of {spec.id} is 'local': model-written code would run on the server's host, outside any sandbox",
+                f"kwarg 'backend' of {spec.id} is 'local': model-written code would run on the server's host, outside "
+                f"any sandbox",
                 f"this server refuses it; an operator who accepts that starts `envhub serve {LOCAL_OPT_IN_FLAG}`",
             )
         return merged
@@ -272,9 +362,17 @@ class ServePolicy:
         for name, value in options.items():
             rule = rules.get(name)
             if rule is None:
-                raise PolicyRefused(403, f"reset option {name!r} of {env_id} is not client-settable on this server",
-                                    f"the operator allows it with `envhub serve {ALLOW_OPTION_FLAG} {env_id}:{name}` or in the --policy file (options:)")
-            rule.check(f"reset option {name!r} of {env_id}", value, f"the operator sets its bounds in the --policy file (envs: {env_id}: options: {name})")
+                raise PolicyRefused(
+                    403,
+                    f"reset option {name!r} of {env_id} is not client-settable on this server",
+                    f"the operator allows it with `envhub serve {ALLOW_OPTION_FLAG} {env_id}:{name}` or in the "
+                    f"--policy file (options:)",
+                )
+            rule.check(
+                f"reset option {name!r} of {env_id}",
+                value,
+                f"the operator sets its bounds in the --policy file (envs: {env_id}: options: {name})",
+            )
         return options
 
 
@@ -286,12 +384,21 @@ def _default(params: dict[str, inspect.Parameter] | None, name: str) -> Any:
 
 def _allow_hint(env_id: str, name: str) -> str:
     extra = f" (and {LOCAL_OPT_IN_FLAG} for 'local')" if name == "backend" else ""
-    return (f"isolation, host paths, limits and timeouts are the operator's: allow it with `envhub serve {ALLOW_KWARG_FLAG} {env_id}:{name}`{extra}, "
-            f"bound it in the --policy file (client_kwargs:), or set it server-side there (kwargs:)")
+    return (
+        f"isolation, host paths, limits and timeouts are the operator's: allow it with `envhub serve "
+        f"{ALLOW_KWARG_FLAG} {env_id}:{name}`{extra}, "
+        f"bound it in the --policy file (client_kwargs:), or set it server-side there (kwargs:)"
+    )
 
 
-def load_policy(path: str | os.PathLike[str] | None, *, envs: Sequence[str] = (), allow_kwargs: Sequence[str] = (), allow_options: Sequence[str] = (),
-                allow_local_backend: bool = False) -> ServePolicy:
+def load_policy(
+    path: str | os.PathLike[str] | None,
+    *,
+    envs: Sequence[str] = (),
+    allow_kwargs: Sequence[str] = (),
+    allow_options: Sequence[str] = (),
+    allow_local_backend: bool = False,
+) -> ServePolicy:
     """The policy from a YAML file (if any) plus the command line's --env / --allow-kwarg / --allow-option."""
     from envhub.registry import spec as lookup
 
@@ -317,14 +424,19 @@ def load_policy(path: str | os.PathLike[str] | None, *, envs: Sequence[str] = ()
             if flag == ALLOW_KWARG_FLAG:
                 params = constructor_parameters(entry)
                 if params is not None and name not in params:
-                    raise ConfigError(f"{flag} {item}: {env_id} has no kwarg {name!r}", hint=f"its kwargs: {', '.join(params)}")
+                    raise ConfigError(
+                        f"{flag} {item}: {env_id} has no kwarg {name!r}", hint=f"its kwargs: {', '.join(params)}"
+                    )
                 own.client_kwargs[name] = rule_from_signature(entry, name)
             else:
                 own.options[name] = Rule()
     for env_id, entry in policy.envs.items():
         if entry.kwargs.get("backend") == "local" and not allow_local_backend:
-            raise ConfigError(f"the policy sets backend: local for {env_id}: model-written code would run on this host outside any sandbox",
-                              hint=f"use docker or bwrap, or start with {LOCAL_OPT_IN_FLAG} if you accept that")
+            raise ConfigError(
+                f"the policy sets backend: local for {env_id}: model-written code would run on this host outside any "
+                f"sandbox",
+                hint=f"use docker or bwrap, or start with {LOCAL_OPT_IN_FLAG} if you accept that",
+            )
     return policy
 
 
@@ -338,18 +450,28 @@ def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read policy file {path}: {exc.strerror or exc}", hint="check the --policy path") from None
+        raise ConfigError(
+            f"cannot read policy file {path}: {exc.strerror or exc}", hint="check the --policy path"
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"policy file {path} is not valid YAML: {exc}", hint="see docs/security.md for the format") from None
+        raise ConfigError(
+            f"policy file {path} is not valid YAML: {exc}", hint="see docs/security.md for the format"
+        ) from None
     if not isinstance(data, dict) or set(data) - {"envs"} or not isinstance(data.get("envs"), dict):
-        raise ConfigError(f"policy file {path} must be a mapping with one key, envs: {{ENV_ID: {{...}}}}", hint="see docs/security.md for the format")
+        raise ConfigError(
+            f"policy file {path} must be a mapping with one key, envs: {{ENV_ID: {{...}}}}",
+            hint="see docs/security.md for the format",
+        )
     return data["envs"]
 
 
 def _env_entry(where: str, env_id: str, entry: Any) -> EnvPolicy:
     entry = entry or {}
     if not isinstance(entry, dict) or set(entry) - {"kwargs", "client_kwargs", "options"}:
-        raise ConfigError(f"{where}: expected a mapping with kwargs, client_kwargs and/or options", hint="see docs/security.md for the format")
+        raise ConfigError(
+            f"{where}: expected a mapping with kwargs, client_kwargs and/or options",
+            hint="see docs/security.md for the format",
+        )
     builtin = builtin_policies().get(env_id) or EnvPolicy()
     fixed = entry.get("kwargs") or {}
     if not isinstance(fixed, dict):
@@ -360,7 +482,9 @@ def _env_entry(where: str, env_id: str, entry: Any) -> EnvPolicy:
             return dict(default)
         raw = entry[key] or {}
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where}.{key} must be a mapping of name to rule", hint="e.g. max_steps: {type: int, min: 1, max: 20}")
+            raise ConfigError(
+                f"{where}.{key} must be a mapping of name to rule", hint="e.g. max_steps: {type: int, min: 1, max: 20}"
+            )
         return {name: Rule.from_yaml(f"{where}.{key}.{name}", rule) for name, rule in raw.items()}
 
     return EnvPolicy(dict(fixed), rules("client_kwargs", builtin.client_kwargs), rules("options", builtin.options))

@@ -18,9 +18,10 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from envhub.errors import EnvhubError
 
@@ -37,7 +38,8 @@ class UpstreamError(EnvhubError):
 
 @contextlib.contextmanager
 def no_downloads(owner: str) -> Iterator[None]:
-    """Turn any NLTK download the other hub's code tries into AdapterUnavailable, never a network call; silence its prints."""
+    """Turn any NLTK download the other hub's code tries into AdapterUnavailable, never a network call; silence its
+    prints."""
     try:
         import nltk
     except ImportError:
@@ -58,7 +60,10 @@ def no_downloads(owner: str) -> Iterator[None]:
     except LookupError as exc:  # NLTK's "Resource 'words' not found"
         found = re.search(r"Resource \W*(\w+)", str(exc))
         name = found.group(1) if found else "?"
-        raise AdapterUnavailable(f"{owner} needs the NLTK data {name!r}, which is not installed", hint=f"install it once where the internet is reachable: python -m nltk.downloader {name}") from None
+        raise AdapterUnavailable(
+            f"{owner} needs the NLTK data {name!r}, which is not installed",
+            hint=f"install it once where the internet is reachable: python -m nltk.downloader {name}",
+        ) from None
     finally:
         if nltk is not None:
             nltk.download = original
@@ -71,10 +76,19 @@ def upstream(owner: str, distribution: str, exc: Exception) -> EnvhubError:
     version = installed_version(distribution) or "?"
     message = " ".join(str(exc).split())[:300]
     if isinstance(exc, SyntaxError):
-        return AdapterUnavailable(f"{owner}: {distribution} {version} has source this Python cannot compile ({message})", hint="it needs a newer Python (3.12 f-strings); pick another env")
+        return AdapterUnavailable(
+            f"{owner}: {distribution} {version} has source this Python cannot compile ({message})",
+            hint="it needs a newer Python (3.12 f-strings); pick another env",
+        )
     if isinstance(exc, (ImportError, FileNotFoundError)):
-        return AdapterUnavailable(f"{owner}: {distribution} {version} lacks a module or data file it needs ({type(exc).__name__}: {message})", hint="the published package is incomplete for this env; pick another env")
-    return UpstreamError(f"{owner} raised inside {distribution} {version}: {type(exc).__name__}: {message}", hint=f"a bug in {distribution}, not in envhub; pick another env or report it upstream")
+        return AdapterUnavailable(
+            f"{owner}: {distribution} {version} lacks a module or data file it needs ({type(exc).__name__}: {message})",
+            hint="the published package is incomplete for this env; pick another env",
+        )
+    return UpstreamError(
+        f"{owner} raised inside {distribution} {version}: {type(exc).__name__}: {message}",
+        hint=f"a bug in {distribution}, not in envhub; pick another env or report it upstream",
+    )
 
 
 @dataclass(frozen=True)
@@ -123,11 +137,15 @@ def require(family: Family, what: str = "") -> Any:
         return importlib.import_module(family.module)
     except ImportError as exc:
         subject = what or f"{family.name} environments"
-        raise AdapterUnavailable(f"{subject} need the {family.distribution!r} package ({exc})", hint=family.install_hint) from None
+        raise AdapterUnavailable(
+            f"{subject} need the {family.distribution!r} package ({exc})", hint=family.install_hint
+        ) from None
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("ENVHUB_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "envhub")
+    root = os.environ.get("ENVHUB_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "envhub"
+    )
     return Path(root) / "families"
 
 
@@ -155,7 +173,9 @@ def family_catalogue(family: Family, version: str, build: Callable[[], list[dict
     return records
 
 
-def register_family(family: Family, build: Callable[[], list[dict[str, Any]]], register_record: Callable[[dict[str, Any]], str]) -> FamilyStatus:
+def register_family(
+    family: Family, build: Callable[[], list[dict[str, Any]]], register_record: Callable[[dict[str, Any]], str]
+) -> FamilyStatus:
     """Register every id of `family` (nothing when its package is missing) and record its status."""
     from envhub.registry import note_missing_family
 
@@ -170,7 +190,9 @@ def register_family(family: Family, build: Callable[[], list[dict[str, Any]]], r
         records = family_catalogue(family, version, build)
     except Exception as exc:  # a broken hub package must not take envhub down
         status.problem = f"cannot list its envs: {type(exc).__name__}: {exc}"
-        note_missing_family(family.prefix, f"{family.name} {version} could not list its envs ({type(exc).__name__}: {exc})")
+        note_missing_family(
+            family.prefix, f"{family.name} {version} could not list its envs ({type(exc).__name__}: {exc})"
+        )
         return status
     for record in records:
         try:
@@ -192,5 +214,8 @@ def family_lines() -> list[str]:
             lines.append(f"{fam.name:<14} {fam.prefix + '*':<10} 0 ids: {status.problem}")
             continue
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(status.counts.items()))
-        lines.append(f"{fam.name:<14} {fam.prefix + '*':<10} {status.ids} ids ({kinds}) from {fam.distribution} {status.version}, {fam.licence}")
+        lines.append(
+            f"{fam.name:<14} {fam.prefix + '*':<10} {status.ids} ids ({kinds}) from {fam.distribution} "
+            f"{status.version}, {fam.licence}"
+        )
     return lines

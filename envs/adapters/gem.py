@@ -40,10 +40,19 @@ def envhub_id(gem_id: str) -> str:
 class GemEnv(AgentEnv):
     """A GEM env; its text, rewards and episode ends pass through unchanged."""
 
-    system_prompt: ClassVar[str] = "Solve the task. Follow the format the observation asks for (GEM tasks usually want \\boxed{...} or [action])."
+    system_prompt: ClassVar[str] = (
+        "Solve the task. Follow the format the observation asks for (GEM tasks usually want \\boxed{...} or [action])."
+    )
     reward_doc: ClassVar[str] = "GEM's own reward, unchanged"
 
-    def __init__(self, gem_id: str, tools: list[str] | tuple[str, ...] = (), sandbox: str = "bwrap", render_mode: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        gem_id: str,
+        tools: list[str] | tuple[str, ...] = (),
+        sandbox: str = "bwrap",
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         gem = require(FAMILY, f"GEM env {gem_id}")
         unknown = [t for t in tools if t not in TOOLS]
         if unknown:
@@ -52,7 +61,11 @@ class GemEnv(AgentEnv):
             with no_downloads(f"GEM's {gem_id}"):
                 env = gem.make(gem_id, **kwargs)
         except ImportError as exc:
-            raise AdapterUnavailable(f"GEM's {gem_id} cannot load its data offline ({type(exc).__name__}: {str(exc)[:200]})", hint="GEM fetches this dataset from the Hugging Face hub with `datasets`; envhub does not download at run time") from None
+            raise AdapterUnavailable(
+                f"GEM's {gem_id} cannot load its data offline ({type(exc).__name__}: {str(exc)[:200]})",
+                hint="GEM fetches this dataset from the Hugging Face hub with `datasets`; envhub does not download at "
+                "run time",
+            ) from None
         except TypeError as exc:
             if "unexpected keyword" in str(exc):
                 raise ConfigError(f"bad kwargs for GEM's {gem_id}: {exc}") from None
@@ -78,12 +91,16 @@ class GemEnv(AgentEnv):
         super().reset(seed=seed)
         try:
             with no_downloads(f"GEM's {self.gem_id}"):
-                observation, info = self.env.reset(seed=seed if seed is not None else int(self.np_random.integers(2**31)))
+                observation, info = self.env.reset(
+                    seed=seed if seed is not None else int(self.np_random.integers(2**31))
+                )
         except Exception as exc:
             raise upstream(f"GEM's {self.gem_id}", FAMILY.distribution, exc) from None
         self._done = False
         self._last = str(observation)[-TEXT_LENGTH:]
-        return self._last, self.base_info(**{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")})
+        return self._last, self.base_info(
+            **{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")}
+        )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -113,7 +130,11 @@ def _catalogue() -> list[dict[str, Any]]:
     records = []
     for gem_id, spec in ENV_REGISTRY.items():
         kind = gem_id.split(":")[0] if ":" in gem_id else "other"
-        entry = spec.entry_point if isinstance(spec.entry_point, str) else f"{spec.entry_point.__module__}:{spec.entry_point.__qualname__}"
+        entry = (
+            spec.entry_point
+            if isinstance(spec.entry_point, str)
+            else f"{spec.entry_point.__module__}:{spec.entry_point.__qualname__}"
+        )
         records.append({"gem_id": gem_id, "id": envhub_id(gem_id), "kind": kind, "entry_point": entry})
     return records
 
@@ -153,4 +174,3 @@ def _bind_a_whole_python() -> None:
 
     if sys.prefix != sys.base_prefix and getattr(gem_sandbox.sys, "prefix", None) == sys.prefix:
         gem_sandbox.sys = types.SimpleNamespace(prefix=sys.base_prefix)  # type: ignore[assignment]
-

@@ -58,7 +58,14 @@ class OpenEnvEnv(AgentEnv):
     system_prompt: ClassVar[str] = "Act in the environment; reply with the action it asks for."
     reward_doc: ClassVar[str] = "the OpenEnv server's reward (null counts as 0)"
 
-    def __init__(self, url: str, *, reset_kwargs: dict[str, Any] | None = None, request_timeout: float = 120.0, render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        reset_kwargs: dict[str, Any] | None = None,
+        request_timeout: float = 120.0,
+        render_mode: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.reset_kwargs = dict(reset_kwargs or {})
         self.request_timeout = request_timeout
@@ -75,7 +82,7 @@ class OpenEnvEnv(AgentEnv):
     async def _client(self) -> aiohttp.ClientSession:
         import aiohttp
 
-        if self._http is None or self._http.closed or self._http._loop is not asyncio.get_running_loop():  # noqa: SLF001
+        if self._http is None or self._http.closed or self._http._loop is not asyncio.get_running_loop():
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.request_timeout))
         return self._http
 
@@ -85,10 +92,16 @@ class OpenEnvEnv(AgentEnv):
         try:
             async with (await self._client()).get(self.url + path) as reply:
                 if reply.status >= 400:
-                    raise RemoteError(f"OpenEnv server at {self.url} refused GET {path} ({reply.status}): {(await reply.text())[:300]}")
+                    raise RemoteError(
+                        f"OpenEnv server at {self.url} refused GET {path} ({reply.status}): "
+                        f"{(await reply.text())[:300]}"
+                    )
                 return await reply.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise RemoteError(f"OpenEnv server at {self.url} cannot be reached: {type(exc).__name__}: {exc}", hint="check that the server runs and the URL is right") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise RemoteError(
+                f"OpenEnv server at {self.url} cannot be reached: {type(exc).__name__}: {exc}",
+                hint="check that the server runs and the URL is right",
+            ) from None
 
     async def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
         import aiohttp
@@ -97,14 +110,23 @@ class OpenEnvEnv(AgentEnv):
         try:
             await self._ws.send_str(json.dumps(message))
             reply = await self._ws.receive(timeout=self.request_timeout)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
-            raise RemoteError(f"OpenEnv session at {self.url}/ws stopped answering: {type(exc).__name__}: {exc}", hint="the server may have restarted; reset() opens a new session") from None
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            raise RemoteError(
+                f"OpenEnv session at {self.url}/ws stopped answering: {type(exc).__name__}: {exc}",
+                hint="the server may have restarted; reset() opens a new session",
+            ) from None
         if reply.type != aiohttp.WSMsgType.TEXT:
-            raise RemoteError(f"OpenEnv session at {self.url}/ws closed ({reply.type.name}) during {message['type']}", hint="reset() opens a new session")
+            raise RemoteError(
+                f"OpenEnv session at {self.url}/ws closed ({reply.type.name}) during {message['type']}",
+                hint="reset() opens a new session",
+            )
         body = json.loads(reply.data)
         if body.get("type") == "error":
             data = body.get("data", {})
-            raise RemoteError(f"OpenEnv server at {self.url} refused {message['type']}: {data.get('message', data)}", hint=f"error code {data.get('code', '?')}")
+            raise RemoteError(
+                f"OpenEnv server at {self.url} refused {message['type']}: {data.get('message', data)}",
+                hint=f"error code {data.get('code', '?')}",
+            )
         return body.get("data", {})
 
     async def _close_session(self) -> None:
@@ -117,7 +139,9 @@ class OpenEnvEnv(AgentEnv):
             await ws.close()
 
     # -- AgentEnv -----------------------------------------------------------------------------
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         import aiohttp
 
         await super().areset(seed=seed)
@@ -127,8 +151,11 @@ class OpenEnvEnv(AgentEnv):
         ws_url = self.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/ws"
         try:
             self._ws = await (await self._client()).ws_connect(ws_url, max_msg_size=64 * 1024 * 1024)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise RemoteError(f"cannot open an OpenEnv session at {ws_url}: {type(exc).__name__}: {exc}", hint="check that the server runs and speaks OpenEnv's /ws protocol") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise RemoteError(
+                f"cannot open an OpenEnv session at {ws_url}: {type(exc).__name__}: {exc}",
+                hint="check that the server runs and speaks OpenEnv's /ws protocol",
+            ) from None
         data = {**self.reset_kwargs, **(options or {})}
         if seed is not None:
             data["seed"] = seed
@@ -136,7 +163,9 @@ class OpenEnvEnv(AgentEnv):
         observation = result.get("observation", {})
         self._last = observation_text(observation)
         self._done = bool(result.get("done", False))
-        return self._last, self.base_info(openenv_observation=observation, action_schema=copy.deepcopy(self.schema.get("action", {})))
+        return self._last, self.base_info(
+            openenv_observation=observation, action_schema=copy.deepcopy(self.schema.get("action", {}))
+        )
 
     async def astep(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._ws is None or self._done:
@@ -150,7 +179,11 @@ class OpenEnvEnv(AgentEnv):
 
     def _payload(self, action: str | dict[str, Any]) -> dict[str, Any]:
         if isinstance(action, dict):
-            return dict(action.get("arguments", action)) if isinstance(action.get("arguments", action), dict) else {"arguments": action}
+            return (
+                dict(action.get("arguments", action))
+                if isinstance(action.get("arguments", action), dict)
+                else {"arguments": action}
+            )
         stripped = action.strip()
         if stripped.startswith("{"):
             try:

@@ -40,14 +40,18 @@ class ReasoningGymEnv(AgentEnv):
     """One reasoning-gym question per episode, graded by the task's own scorer."""
 
     system_prompt: ClassVar[str] = SYSTEM_PROMPT
-    reward_doc: ClassVar[str] = "the task's own score_answer on the text inside the last <answer></answer> (whole reply if none)"
+    reward_doc: ClassVar[str] = (
+        "the task's own score_answer on the text inside the last <answer></answer> (whole reply if none)"
+    )
 
     def __init__(self, task: str, render_mode: str | None = None, **config: Any) -> None:
         rg = require(FAMILY, f"rg-{task}-v0")
         from reasoning_gym.factory import DATASETS
 
         if task not in DATASETS:
-            raise ConfigError(f"reasoning-gym has no task {task!r}", hint="`envhub list --tag reasoning-gym` shows the tasks")
+            raise ConfigError(
+                f"reasoning-gym has no task {task!r}", hint="`envhub list --tag reasoning-gym` shows the tasks"
+            )
         if task == "composite":  # its datasets come as JSON-friendly dicts: {"name", "weight", "config"}
             config["datasets"] = _composite_specs(config.get("datasets"))
         config.setdefault("seed", 0)
@@ -55,7 +59,10 @@ class ReasoningGymEnv(AgentEnv):
         try:
             self.dataset = rg.create_dataset(task, **config)
         except (TypeError, ValueError, AssertionError) as exc:  # reasoning-gym validates configs with asserts
-            raise ConfigError(f"bad config for reasoning-gym task {task!r}: {exc}", hint=f"see the fields of {DATASETS[task][1].__name__} in reasoning-gym") from None
+            raise ConfigError(
+                f"bad config for reasoning-gym task {task!r}: {exc}",
+                hint=f"see the fields of {DATASETS[task][1].__name__} in reasoning-gym",
+            ) from None
         except Exception as exc:
             raise upstream(f"reasoning-gym task {task!r}", FAMILY.distribution, exc) from None
         self.task = task
@@ -68,12 +75,16 @@ class ReasoningGymEnv(AgentEnv):
         size = len(self.dataset)
         self.index = seed % size if seed is not None else int(self.np_random.integers(size))
         state = random.getstate()
-        random.seed(f"{self.dataset.seed}/{self.index}")  # some tasks (list_functions) also draw from the global `random`
+        random.seed(
+            f"{self.dataset.seed}/{self.index}"
+        )  # some tasks (list_functions) also draw from the global `random`
         try:
             self.entry = self.dataset[self.index]
         finally:
             random.setstate(state)  # the caller's global random stream is left as it was
-        return self.entry["question"], self.base_info(task=self.task, index=self.index, metadata=self.entry.get("metadata", {}))
+        return self.entry["question"], self.base_info(
+            task=self.task, index=self.index, metadata=self.entry.get("metadata", {})
+        )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.entry is None:
@@ -90,7 +101,13 @@ class ReasoningGymEnv(AgentEnv):
             reward, score_error = 0.0, f"{type(exc).__name__}: {exc}"
         entry, self.entry = self.entry, None
         verdict = "Correct." if reward >= 1.0 else f"Scored {reward:g}. The expected answer was {entry['answer']!s}."
-        info = {"answer": answer, "expected": str(entry["answer"]), "extracted_from_tags": tagged is not None, "index": self.index, "score_error": score_error}
+        info = {
+            "answer": answer,
+            "expected": str(entry["answer"]),
+            "extracted_from_tags": tagged is not None,
+            "index": self.index,
+            "score_error": score_error,
+        }
         return verdict, reward, True, False, info
 
     def render_text(self) -> str:
@@ -102,11 +119,22 @@ def _composite_specs(datasets: Any) -> list[Any]:
     from reasoning_gym.composite import DatasetSpec
 
     if not datasets:
-        raise ConfigError("rg-composite-v0 needs datasets", hint='pass datasets=[{"name": "basic_arithmetic", "weight": 1, "config": {}}, ...]')
+        raise ConfigError(
+            "rg-composite-v0 needs datasets",
+            hint='pass datasets=[{"name": "basic_arithmetic", "weight": 1, "config": {}}, ...]',
+        )
     try:
-        return [d if isinstance(d, DatasetSpec) else DatasetSpec(name=d["name"], weight=float(d.get("weight", 1)), config=dict(d.get("config", {}))) for d in datasets]
+        return [
+            d
+            if isinstance(d, DatasetSpec)
+            else DatasetSpec(name=d["name"], weight=float(d.get("weight", 1)), config=dict(d.get("config", {})))
+            for d in datasets
+        ]
     except (TypeError, KeyError, ValueError) as exc:
-        raise ConfigError(f"bad datasets for rg-composite-v0: {exc!r}", hint='each one is {"name": task, "weight": number, "config": {...}}') from None
+        raise ConfigError(
+            f"bad datasets for rg-composite-v0: {exc!r}",
+            hint='each one is {"name": task, "weight": number, "config": {...}}',
+        ) from None
 
 
 def _catalogue() -> list[dict[str, Any]]:
@@ -118,7 +146,9 @@ def _catalogue() -> list[dict[str, Any]]:
     for name, (dataset_cls, _config_cls) in sorted(DATASETS.items()):
         doc = (dataset_cls.__doc__ or "").strip().splitlines()
         category = dataset_cls.__module__.split(".")[1] if dataset_cls.__module__.count(".") >= 2 else "other"
-        records.append({"task": name, "category": category, "description": doc[0] if doc else f"reasoning-gym task {name}"})
+        records.append(
+            {"task": name, "category": category, "description": doc[0] if doc else f"reasoning-gym task {name}"}
+        )
     return records
 
 

@@ -21,18 +21,30 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv
 
 from envhub.core import AgentEnv, TextRender, UnicodeText
-from envhub.envs.adapters.family import AdapterUnavailable, Family, UpstreamError, installed_version, no_downloads, register_family, require, upstream
+from envhub.envs.adapters.family import (
+    AdapterUnavailable,
+    Family,
+    UpstreamError,
+    installed_version,
+    no_downloads,
+    register_family,
+    require,
+    upstream,
+)
 from envhub.errors import ConfigError, ResetNeeded
 
-FAMILY = Family(name="textarena", distribution="textarena", module="textarena", extra="textarena", prefix="ta-", licence="MIT")
+FAMILY = Family(
+    name="textarena", distribution="textarena", module="textarena", extra="textarena", prefix="ta-", licence="MIT"
+)
 TEXT_LENGTH = 1 << 16
 _TA_ID = re.compile(r"^(?P<name>.+?)-v(?P<version>\d+)(?P<variant>(-.+)?)$")
 _NLTK_DOWNLOAD = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|['\"][^'\"]+['\"])")
@@ -87,7 +99,10 @@ def _check_offline(ta_id: str, needs: list[str]) -> None:
     if not missing:
         return
     if "openrouter" in missing:
-        raise AdapterUnavailable(f"TextArena's {ta_id} calls a hosted LLM through OpenRouter (judge or game master)", hint="envhub makes no network calls at run time; pick another ta- game")
+        raise AdapterUnavailable(
+            f"TextArena's {ta_id} calls a hosted LLM through OpenRouter (judge or game master)",
+            hint="envhub makes no network calls at run time; pick another ta- game",
+        )
     data = " ".join(m[5:] for m in missing)
     raise AdapterUnavailable(
         f"TextArena's {ta_id} downloads NLTK data ({data}) at import, which envhub does not do at run time",
@@ -137,7 +152,8 @@ def _reward(ta_id: str, value: Any) -> float:
     except (TypeError, ValueError):
         raise UpstreamError(
             f"TextArena's {ta_id} ended with a non-numeric reward {str(value)[:120]!r}",
-            hint=f"a bug in textarena {installed_version(FAMILY.distribution)} (arguments swapped in set_invalid_move), not in envhub",
+            hint=f"a bug in textarena {installed_version(FAMILY.distribution)} (arguments swapped in "
+            f"set_invalid_move), not in envhub",
         ) from None
 
 
@@ -153,10 +169,15 @@ def _action_text(action: str | dict[str, Any]) -> str:
 class TextArenaEnv(AgentEnv):
     """A one-player TextArena game; the agent's text is its move."""
 
-    system_prompt: ClassVar[str] = "You are playing a text game. Follow the game's instructions; write moves in the format it asks for (usually [move])."
+    system_prompt: ClassVar[str] = (
+        "You are playing a text game. Follow the game's instructions; write moves in the format it asks for (usually "
+        "[move])."
+    )
     reward_doc: ClassVar[str] = "TextArena's reward for the player when the game ends (0 before)"
 
-    def __init__(self, ta_id: str, needs: list[str] | tuple[str, ...] = (), render_mode: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, ta_id: str, needs: list[str] | tuple[str, ...] = (), render_mode: str | None = None, **kwargs: Any
+    ) -> None:
         self.ta_id = ta_id
         self._spec = (list(needs), kwargs)
         self.game = _make_ta(ta_id, *self._spec)
@@ -199,12 +220,23 @@ class TextArenaEnv(AgentEnv):
 class TextArenaGame(TextRender, AECEnv):
     """A TextArena game of two or more players as a PettingZoo AEC env with text observations and actions."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "name": "textarena", "is_parallelizable": False}
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi", "human"],
+        "name": "textarena",
+        "is_parallelizable": False,
+    }
     #: envhub.SelfPlay reads moves as free text (no fixed action ids) for this game.
     free_text_moves: ClassVar[bool] = True
     move_help: ClassVar[str] = "the move in the format the game asks for, usually in [brackets]"
 
-    def __init__(self, ta_id: str, num_players: int = 2, needs: list[str] | tuple[str, ...] = (), render_mode: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        ta_id: str,
+        num_players: int = 2,
+        needs: list[str] | tuple[str, ...] = (),
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__()
         self.ta_id = ta_id
         self._spec = (list(needs), kwargs)
@@ -311,7 +343,8 @@ class TextArenaGame(TextRender, AECEnv):
 
 # -- the catalogue: every id of TextArena's registry ------------------------------------------
 def _players(ta: Any, spec: Any, needs: list[str]) -> int:
-    """How many players the game takes: tried with TextArena itself, read from the source when it cannot load offline."""
+    """How many players the game takes: tried with TextArena itself, read from the source when it cannot load
+    offline."""
     if not _missing(needs):
         for n in (1, 2, 3, 4, 5, 6):
             try:
@@ -344,7 +377,9 @@ def _catalogue() -> list[dict[str, Any]]:
         if key not in players_of:
             players_of[key] = _players(ta, spec, needs)
         game = module.split(".")[-2] if module.count(".") >= 2 else ta_id
-        records.append({"ta_id": ta_id, "id": envhub_id(ta_id), "players": players_of[key], "needs": needs, "game": game})
+        records.append(
+            {"ta_id": ta_id, "id": envhub_id(ta_id), "players": players_of[key], "needs": needs, "game": game}
+        )
     return records
 
 

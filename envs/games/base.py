@@ -36,9 +36,15 @@ def seed_game(env: Any, seed: int | None) -> None:
 class TurnGame(TextRender, AECEnv):
     """Two seats taking turns; one action per turn from a `Discrete` space."""
 
-    reward_doc: ClassVar[str] = "+1 to the winner and -1 to the loser when the game ends, 0 each for a draw; 0 on every other turn."
+    reward_doc: ClassVar[str] = (
+        "+1 to the winner and -1 to the loser when the game ends, 0 each for a draw; 0 on every other turn."
+    )
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "name": "turn_game", "is_parallelizable": False}
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi", "human"],
+        "name": "turn_game",
+        "is_parallelizable": False,
+    }
     num_actions: ClassVar[int] = 0
     observation_shape: ClassVar[tuple[int, ...]] = ()
     #: How a move is written, shown to players ("a cell such as B2", "a column 1-7", ...).
@@ -151,7 +157,11 @@ class TurnGame(TextRender, AECEnv):
 
     def observe(self, agent: str) -> dict[str, Any]:
         seat = self.possible_agents.index(agent)
-        return {"observation": self.observe_array(seat), "action_mask": self.action_mask(agent), "text": self.observe_text(seat)}
+        return {
+            "observation": self.observe_array(seat),
+            "action_mask": self.action_mask(agent),
+            "text": self.observe_text(seat),
+        }
 
     def close(self) -> None:
         pass
@@ -182,7 +192,9 @@ class TurnGame(TextRender, AECEnv):
         outcome = self._outcome()
         if outcome is not None:
             result = outcome[seat]
-            lines.append("Game over: " + ("you won" if result > 0 else "you lost" if result < 0 else "draw") + f" ({result:+g}).")
+            lines.append(
+                "Game over: " + ("you won" if result > 0 else "you lost" if result < 0 else "draw") + f" ({result:+g})."
+            )
         elif self.current_seat() == seat:
             lines.append(f"Your turn. Legal moves: {', '.join(self.legal_moves())}. Write {self.move_help}.")
         else:
@@ -200,6 +212,9 @@ class TurnGame(TextRender, AECEnv):
     def _refresh_infos(self) -> None:
         moves = [] if self.game_over() else self.legal_moves()
         self.infos = {
-            a: {"action_mask": self.action_mask(a), "legal_moves": moves if a == self.possible_agents[self.current_seat()] else []}
+            a: {
+                "action_mask": self.action_mask(a),
+                "legal_moves": moves if a == self.possible_agents[self.current_seat()] else [],
+            }
             for a in self.agents
         }

@@ -108,7 +108,9 @@ class ConnectFourEnv(TurnGame):
         return f"{DISCS[seat]} (player_{seat})"
 
     def board_text(self, seat: int) -> str:
-        rows = [" ".join(DISCS[v] if v != -1 else "." for v in self.cells[r * COLS:(r + 1) * COLS]) for r in range(ROWS)]
+        rows = [
+            " ".join(DISCS[v] if v != -1 else "." for v in self.cells[r * COLS : (r + 1) * COLS]) for r in range(ROWS)
+        ]
         return "\n".join(rows + [" ".join(str(c + 1) for c in range(COLS))])
 
     def observe_array(self, seat: int) -> np.ndarray:

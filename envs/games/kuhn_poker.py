@@ -50,7 +50,10 @@ def payoff(cards: tuple[int, int], history: tuple[int, ...]) -> float | None:
 class KuhnPokerEnv(TurnGame):
     """One hand of Kuhn poker: one hidden card each, one betting round."""
 
-    reward_doc = "when the hand ends, the chips each seat won (+) or lost (-): the ante, plus the bet if one was called; 0 on other turns."
+    reward_doc = (
+        "when the hand ends, the chips each seat won (+) or lost (-): the ante, plus the bet if one was "
+        "called; 0 on other turns."
+    )
     metadata = {**TurnGame.metadata, "name": "kuhn_poker_v0"}
     num_actions = 2
     observation_shape = (6,)

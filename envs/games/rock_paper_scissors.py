@@ -32,7 +32,11 @@ class RockPaperScissorsEnv(ParallelEnv):
     reward_doc: ClassVar[str] = "every round: +1 to its winner, -1 to its loser, 0 each on a tie."
     move_names: ClassVar[tuple[str, ...]] = MOVES
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "name": "rock_paper_scissors_v0", "is_parallelizable": True}
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi"],
+        "name": "rock_paper_scissors_v0",
+        "is_parallelizable": True,
+    }
 
     def __init__(self, rounds: int = 5, render_mode: str | None = None) -> None:
         if rounds < 1:
@@ -56,7 +60,9 @@ class RockPaperScissorsEnv(ParallelEnv):
         match = _MOVE.match(text)
         return None if match is None else "rps".index(match.group(1)[0].lower())
 
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, str], dict[str, dict]]:
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, dict]]:
         seed_game(self, seed)
         self.agents = list(self.possible_agents)
         self.history = []
@@ -86,7 +92,9 @@ class RockPaperScissorsEnv(ParallelEnv):
         """Score, earlier rounds and what to write, from seat `seat`'s side."""
         mine = sum(beats(r[seat], r[1 - seat]) for r in self.history)
         theirs = sum(beats(r[1 - seat], r[seat]) for r in self.history)
-        lines = [f"Rock-paper-scissors, {self.rounds} rounds. You are player_{seat}. Score: you {mine}, opponent {theirs}."]
+        lines = [
+            f"Rock-paper-scissors, {self.rounds} rounds. You are player_{seat}. Score: you {mine}, opponent {theirs}."
+        ]
         for i, r in enumerate(self.history, 1):
             lines.append(f"Round {i}: you {MOVES[r[seat]]}, opponent {MOVES[r[1 - seat]]}.")
         if len(self.history) < self.rounds:
@@ -101,7 +109,10 @@ class RockPaperScissorsEnv(ParallelEnv):
     def _infos(self) -> dict[str, dict[str, Any]]:
         open_round = len(self.history) < self.rounds
         mask = np.full(3, int(open_round), dtype=np.int8)
-        return {a: {"action_mask": mask.copy(), "legal_moves": list(MOVES) if open_round else []} for a in self.possible_agents}
+        return {
+            a: {"action_mask": mask.copy(), "legal_moves": list(MOVES) if open_round else []}
+            for a in self.possible_agents
+        }
 
     def render(self) -> str | None:
         return self.observe_text(0)

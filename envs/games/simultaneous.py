@@ -27,13 +27,19 @@ class SimultaneousTurns:
     def __init__(self, game: Any, first_seat: int = 0, move_names: tuple[str, ...] | None = None) -> None:
         for needed in ("parse_move", "observe_text", "equilibrium_action", "possible_agents"):
             if not hasattr(game, needed):
-                raise ConfigError(f"SimultaneousTurns needs a two-player parallel game with {needed}, got {type(game).__name__}")
+                raise ConfigError(
+                    f"SimultaneousTurns needs a two-player parallel game with {needed}, got {type(game).__name__}"
+                )
         if len(game.possible_agents) != 2 or first_seat not in (0, 1):
-            raise ConfigError(f"SimultaneousTurns plays two seats (first_seat 0 or 1), got {game.possible_agents} and {first_seat!r}")
+            raise ConfigError(
+                f"SimultaneousTurns plays two seats (first_seat 0 or 1), got {game.possible_agents} and {first_seat!r}"
+            )
         self.parallel = game
         self.first_seat = first_seat
         self.num_actions = int(game.action_space(game.possible_agents[0]).n)
-        self.move_names = move_names or tuple(getattr(game, "move_names", ())) or tuple(str(a) for a in range(self.num_actions))
+        self.move_names = (
+            move_names or tuple(getattr(game, "move_names", ())) or tuple(str(a) for a in range(self.num_actions))
+        )
         self.name = type(game).__name__.removesuffix("Env")  # SelfPlay names the game in its system prompt
         self.move_help = " or ".join(self.move_names)
         self._sealed: dict[int, int] = {}
@@ -84,7 +90,8 @@ class SimultaneousTurns:
         return int(self.parallel.equilibrium_action(rng))
 
     def scripted_action(self, rng: np.random.Generator) -> int:
-        """The move after the opponent's previous one in the game's cycle (beats it in rock-paper-scissors); equilibrium first."""
+        """The move after the opponent's previous one in the game's cycle (beats it in rock-paper-scissors); equilibrium
+        first."""
         history = getattr(self.parallel, "history", [])
         if not history:
             return self.solver_action(rng)

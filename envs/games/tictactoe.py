@@ -7,7 +7,7 @@ cells row by row from the top left. X (player_0) moves first. Reward: +1 win, -1
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -26,7 +26,7 @@ def winner(board: tuple[int, ...]) -> int | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def minimax_value(board: tuple[int, ...], to_move: int) -> int:
     """Game value for the seat to move under perfect play: 1 win, 0 draw, -1 loss."""
     won = winner(board)
@@ -35,13 +35,13 @@ def minimax_value(board: tuple[int, ...], to_move: int) -> int:
     empty = [i for i, v in enumerate(board) if v == -1]
     if not empty:
         return 0
-    return max(-minimax_value(board[:i] + (to_move,) + board[i + 1:], 1 - to_move) for i in empty)
+    return max(-minimax_value(board[:i] + (to_move,) + board[i + 1 :], 1 - to_move) for i in empty)
 
 
 def best_moves(board: tuple[int, ...], to_move: int) -> list[int]:
     """Every cell that keeps the perfect value for the seat to move."""
     empty = [i for i, v in enumerate(board) if v == -1]
-    values = {i: -minimax_value(board[:i] + (to_move,) + board[i + 1:], 1 - to_move) for i in empty}
+    values = {i: -minimax_value(board[:i] + (to_move,) + board[i + 1 :], 1 - to_move) for i in empty}
     best = max(values.values())
     return [i for i in empty if values[i] == best]
 
@@ -94,7 +94,7 @@ class TicTacToeEnv(TurnGame):
     def board_text(self, seat: int) -> str:
         rows = ["   A B C"]
         for r in range(3):
-            cells = [MARKS[v] if v != -1 else "." for v in self.board[3 * r:3 * r + 3]]
+            cells = [MARKS[v] if v != -1 else "." for v in self.board[3 * r : 3 * r + 3]]
             rows.append(f"{r + 1}  " + " ".join(cells))
         return "\n".join(rows)
 

@@ -63,7 +63,16 @@ def extract_answer(text: str) -> str | None:
 def _normalize(text: str) -> str:
     text = re.sub(r"(\d)\s*(\\[dt]?frac)", r"\1 \2", text)  # mixed number 1\frac{1}{2}
     text = _LATEX_FRAC.sub(r"(\1)/(\2)", text)
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\$", ""), ("\\%", "%"), ("−", "-"), ("\\text", "")):
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\$", ""),
+        ("\\%", "%"),
+        ("−", "-"),
+        ("\\text", ""),
+    ):
         text = text.replace(old, new)
     text = re.sub(r"\((-?[\d.,]+)\)", r"\1", text)  # (3)/(4) -> 3/4
     return text.replace("$", "").replace("{", " ").replace("}", " ")
@@ -88,7 +97,9 @@ def parse_number(answer: str) -> Fraction | None:
             value = int(mixed.group(2)) + Fraction(int(mixed.group(3)), int(mixed.group(4)))
             return sign * (-value if mixed.group(1) else value)
         numerator, _, denominator = token.partition("/")
-        value = Fraction(numerator.strip()) / Fraction(denominator.strip()) if denominator else Fraction(numerator.strip())
+        value = (
+            Fraction(numerator.strip()) / Fraction(denominator.strip()) if denominator else Fraction(numerator.strip())
+        )
         return sign * value
     except (ValueError, ZeroDivisionError):
         return None
@@ -110,9 +121,13 @@ class MathEnv(AgentEnv):
         '"arguments": {"answer": "ANSWER"}}</tool_call>). Write the answer as a number: an integer, a decimal, '
         "or a fraction like 7/3; no units needed."
     )
-    reward_doc = "1.0 for an exactly correct final answer (\\boxed{}, Answer:, <answer>, submit, or last number), else 0.0."
+    reward_doc = (
+        "1.0 for an exactly correct final answer (\\boxed{}, Answer:, <answer>, submit, or last number), else 0.0."
+    )
 
-    def __init__(self, kind: str = "any", difficulty: int = 2, attempts: int = 1, render_mode: str | None = None) -> None:
+    def __init__(
+        self, kind: str = "any", difficulty: int = 2, attempts: int = 1, render_mode: str | None = None
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown math kind {kind!r}; choose one of {', '.join(KINDS)}")
         if difficulty not in (1, 2, 3):
@@ -157,7 +172,13 @@ class MathEnv(AgentEnv):
             raise ResetNeeded("step() called before reset() or after the episode ended", hint="call reset() first")
         value, problem = self._read_answer(action)
         if value is None:
-            return f"{problem}\n\nThe problem again: {self.problem.question}", 0.0, False, False, self._info(invalid=True)
+            return (
+                f"{problem}\n\nThe problem again: {self.problem.question}",
+                0.0,
+                False,
+                False,
+                self._info(invalid=True),
+            )
         self._last_answer = value
         if value == self.problem.answer:
             self.done = True
@@ -165,10 +186,16 @@ class MathEnv(AgentEnv):
         self.attempts_left -= 1
         if self.attempts_left > 0:
             plural = "s" if self.attempts_left > 1 else ""
-            obs = f"Your answer {format_number(value)} is incorrect, try again ({self.attempts_left} attempt{plural} left)."
+            obs = (
+                f"Your answer {format_number(value)} is incorrect, try again ({self.attempts_left} attempt{plural} "
+                f"left)."
+            )
             return obs, 0.0, False, False, self._info(invalid=False)
         self.done = True
-        obs = f"Your answer {format_number(value)} is incorrect. The correct answer was {format_number(self.problem.answer)}."
+        obs = (
+            f"Your answer {format_number(value)} is incorrect. The correct answer was "
+            f"{format_number(self.problem.answer)}."
+        )
         return obs, 0.0, True, False, self._info(invalid=False)
 
     def _read_answer(self, action: Any) -> tuple[Fraction | None, str]:
@@ -179,13 +206,21 @@ class MathEnv(AgentEnv):
         if parsed.calls:
             text = str(parsed.calls[-1].arguments.get("answer", ""))
         elif len(parsed.text) > MAX_ACTION_CHARS:
-            return None, f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Keep your working short and end with \\boxed{{ANSWER}}."
+            return (
+                None,
+                f"Your reply is {len(parsed.text)} characters long; the limit is {MAX_ACTION_CHARS}. Keep your "
+                f"working short and end with \\boxed{{ANSWER}}.",
+            )
         else:
             text = parsed.text
         final = extract_answer(text)
         if final is None:
             shown = text.strip()[:60] or "(empty)"
-            return None, f"No answer found in your reply {shown!r}. End your reply with your final answer as \\boxed{{ANSWER}}, e.g. \\boxed{{42}} or \\boxed{{7/3}}."
+            return (
+                None,
+                f"No answer found in your reply {shown!r}. End your reply with your final answer as "
+                f"\\boxed{{ANSWER}}, e.g. \\boxed{{42}} or \\boxed{{7/3}}.",
+            )
         value = parse_number(final)
         if value is None:
             return None, (
@@ -210,4 +245,7 @@ class MathEnv(AgentEnv):
         if self.problem is None:
             return "(no problem yet: call reset())"
         plural = "s" if self.attempts_left != 1 else ""
-        return f"{self.problem.question}\n\n(You have {self.attempts_left} attempt{plural}. End with your final answer as \\boxed{{ANSWER}}.)"
+        return (
+            f"{self.problem.question}\n\n(You have {self.attempts_left} attempt{plural}. End with your final "
+            f"answer as \\boxed{{ANSWER}}.)"
+        )

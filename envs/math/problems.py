@@ -8,13 +8,40 @@ or small fractions, and the question says when a fraction is expected.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
 
-NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farah", "Gus", "Hana", "Ivan", "Jade", "Kofi", "Lena", "Mateo", "Nia", "Omar", "Priya")
-ITEMS = (("notebook", "notebooks"), ("pen", "pens"), ("apple", "apples"), ("sandwich", "sandwiches"), ("ticket", "tickets"),
-         ("candle", "candles"), ("mug", "mugs"), ("bag of rice", "bags of rice"), ("T-shirt", "T-shirts"), ("plant", "plants"))
+NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farah",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jade",
+    "Kofi",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Omar",
+    "Priya",
+)
+ITEMS = (
+    ("notebook", "notebooks"),
+    ("pen", "pens"),
+    ("apple", "apples"),
+    ("sandwich", "sandwiches"),
+    ("ticket", "tickets"),
+    ("candle", "candles"),
+    ("mug", "mugs"),
+    ("bag of rice", "bags of rice"),
+    ("T-shirt", "T-shirts"),
+    ("plant", "plants"),
+)
 
 
 @dataclass(frozen=True)
@@ -58,7 +85,7 @@ def arithmetic(rng: random.Random, difficulty: int) -> Problem:
     items = rng.sample(ITEMS, 1 + min(difficulty, 2))
     step = 100 if difficulty == 1 else 50
     lines, total, steps, subtotals = [], 0, [], []
-    for singular, plural in items:
+    for _singular, plural in items:
         count, price = rng.randint(2, 3 + 2 * difficulty), rng.randrange(step, 800 + 400 * difficulty, step)
         lines.append(f"{count} {plural} at {_money(price)} each")
         total += count * price
@@ -67,8 +94,12 @@ def arithmetic(rng: random.Random, difficulty: int) -> Problem:
     steps.append(f"{' + '.join(subtotals)} = {_dollars(total)}")
     bought = ", ".join(lines[:-1]) + " and " + lines[-1]
     if difficulty == 1:
-        return Problem("arithmetic", f"{name} buys {bought}. How much does {name} spend in total, in dollars?", Fraction(total, 100),
-                       ", ".join(steps) + ".")
+        return Problem(
+            "arithmetic",
+            f"{name} buys {bought}. How much does {name} spend in total, in dollars?",
+            Fraction(total, 100),
+            ", ".join(steps) + ".",
+        )
     text = f"{name} buys {bought}."
     if difficulty == 3:
         discount = rng.choice((10, 20, 50))  # keeps the bill in whole cents
@@ -88,18 +119,26 @@ def rates(rng: random.Random, difficulty: int) -> Problem:
     if variant == 0:
         per, minutes = rng.randint(2, 9), rng.randint(2, 6)
         made, later = per * minutes, minutes * rng.randint(3, 10)
-        text = f"A machine makes {made} buttons in {minutes} minutes. Working at the same rate, how many buttons does it make in {later} minutes?"
+        text = (
+            f"A machine makes {made} buttons in {minutes} minutes. Working at the same rate, how many buttons "
+            f"does it make in {later} minutes?"
+        )
         return Problem("rates", text, Fraction(per * later))
     if variant == 1:
         v1, v2 = rng.randrange(30, 90, 5), rng.randrange(40, 110, 5)
         t1, t2 = Fraction(rng.randint(2, 8), 2), Fraction(rng.randint(1, 6), 2)
-        text = (f"A car drives at {v1} km/h for {format_number(t1)} hours and then at {v2} km/h for {format_number(t2)} hours. "
-                "How many kilometres does it travel in total?")
+        text = (
+            f"A car drives at {v1} km/h for {format_number(t1)} hours and then at {v2} km/h for {format_number(t2)} "
+            f"hours. "
+            "How many kilometres does it travel in total?"
+        )
         return Problem("rates", text, v1 * t1 + v2 * t2)
     a, b = rng.sample(range(2, 13), 2)
     a_name, b_name = rng.sample(NAMES, 2)
-    text = (f"{a_name} can paint a fence alone in {a} hours; {b_name} can paint it alone in {b} hours. "
-            "Working together at these rates, how many hours do they take? Give an exact answer (a fraction is fine).")
+    text = (
+        f"{a_name} can paint a fence alone in {a} hours; {b_name} can paint it alone in {b} hours. "
+        "Working together at these rates, how many hours do they take? Give an exact answer (a fraction is fine)."
+    )
     return Problem("rates", text, Fraction(a * b, a + b))
 
 
@@ -108,38 +147,52 @@ def ages(rng: random.Random, difficulty: int) -> Problem:
     parent, child = rng.sample(NAMES, 2)
     if difficulty == 1:
         younger, gap = rng.randint(4, 30), rng.randint(1, 12)
-        text = f"{parent} is {gap} years older than {child}. Together their ages add up to {2 * younger + gap}. How old is {parent}?"
+        text = (
+            f"{parent} is {gap} years older than {child}. Together their ages add up to {2 * younger + gap}. How "
+            f"old is {parent}?"
+        )
         return Problem("ages", text, Fraction(younger + gap))
     while True:
         age, k, m = rng.randint(3, 14), rng.randint(3, 6), rng.randint(2, 3)
         if k > m and (age * (k - m)) % (m - 1) == 0:
             years = age * (k - m) // (m - 1)
             break
-    text = (f"{parent} is {k} times as old as {child}. In {years} years, {parent} will be {m} times as old as {child}. "
-            f"How old is {parent} now?")
+    text = (
+        f"{parent} is {k} times as old as {child}. In {years} years, {parent} will be {m} times as old as {child}. "
+        f"How old is {parent} now?"
+    )
     return Problem("ages", text, Fraction(k * age))
 
 
 def fractions(rng: random.Random, difficulty: int) -> Problem:
     """Fractions: sums of fractions, scaled recipes, or a tank that is used and refilled."""
+
     def frac(low: int = 2, high: int = 6 + 2 * difficulty) -> Fraction:
         den = rng.randint(low, high)
         return Fraction(rng.randint(1, den - 1), den)
 
     if difficulty == 1:
         a, b = frac(), frac()
-        return Problem("fractions", f"What is {a} + {b}? Give the answer as a fraction in lowest terms or a whole number.", a + b)
+        return Problem(
+            "fractions", f"What is {a} + {b}? Give the answer as a fraction in lowest terms or a whole number.", a + b
+        )
     if difficulty == 2:
         per_batch, batches = frac(), Fraction(rng.randint(2, 9), 2)
         whole, part = divmod(batches, 1)
         shown = f"{whole} {part}" if part else str(whole)
-        text = (f"A recipe needs {per_batch} cup of sugar per batch. How many cups of sugar are needed for {shown} batches? "
-                "Give an exact answer (a fraction is fine).")
+        text = (
+            f"A recipe needs {per_batch} cup of sugar per batch. How many cups of sugar are needed for {shown} "
+            f"batches? "
+            "Give an exact answer (a fraction is fine)."
+        )
         return Problem("fractions", text, per_batch * batches)
     full, used, added = frac(), frac(), frac()
     left = full * (1 - used)
-    text = (f"A water tank is {full} full. Then {used} of the water in it is used, and water filling {added} of the tank is added. "
-            "What fraction of the tank is full now? Give the answer as a fraction (or a whole number).")
+    text = (
+        f"A water tank is {full} full. Then {used} of the water in it is used, and water filling {added} of the tank "
+        f"is added. "
+        "What fraction of the tank is full now? Give the answer as a fraction (or a whole number)."
+    )
     return Problem("fractions", text, left + added)
 
 
@@ -147,7 +200,11 @@ def linear(rng: random.Random, difficulty: int) -> Problem:
     """Linear equations: think-of-a-number puzzles and ax + b = cx + d."""
     if difficulty == 1:
         x, a, b = rng.randint(2, 20), rng.randint(2, 9), rng.randint(1, 30)
-        return Problem("linear", f"I think of a number, multiply it by {a} and then add {b}. The result is {a * x + b}. What is my number?", Fraction(x))
+        return Problem(
+            "linear",
+            f"I think of a number, multiply it by {a} and then add {b}. The result is {a * x + b}. What is my number?",
+            Fraction(x),
+        )
     while True:
         a, c = rng.randint(2, 12), rng.randint(-9, 9)
         if a != c:
@@ -168,13 +225,19 @@ def percent(rng: random.Random, difficulty: int) -> Problem:
         return Problem("percent", f"What is {p}% of {base}?", Fraction(p * base, 100))
     if difficulty == 2:
         price, off, tax = rng.randrange(40, 400, 20), rng.choice((10, 20, 25, 30, 50)), rng.choice((5, 8, 10))
-        text = f"A jacket costs ${price}. It is discounted by {off}%, and then {tax}% sales tax is added to the discounted price. What is the final price, in dollars?"
+        text = (
+            f"A jacket costs ${price}. It is discounted by {off}%, and then {tax}% sales tax is added to the "
+            f"discounted price. What is the final price, in dollars?"
+        )
         return Problem("percent", text, Fraction(price * (100 - off) * (100 + tax), 10_000))
     change = rng.choice((-40, -25, -20, -10, 10, 20, 25, 50, 60))
     original = rng.randrange(40, 500, 20)
     new = Fraction(original * (100 + change), 100)
     word = "rises" if change > 0 else "falls"
-    text = f"After the price of a bike {word} by {abs(change)}%, it costs ${format_number(new)}. What was the price before the change, in dollars?"
+    text = (
+        f"After the price of a bike {word} by {abs(change)}%, it costs ${format_number(new)}. What was the price "
+        f"before the change, in dollars?"
+    )
     return Problem("percent", text, Fraction(original))
 
 
@@ -187,16 +250,26 @@ def mixture(rng: random.Random, difficulty: int) -> Problem:
         if target.denominator == 1 or difficulty > 1 and target.denominator == 2:
             break
     if difficulty == 1:
-        text = f"You mix {x} litres of a {low}% salt solution with {v} litres of a {high}% salt solution. What is the salt percentage of the mixture?"
+        text = (
+            f"You mix {x} litres of a {low}% salt solution with {v} litres of a {high}% salt solution. What is "
+            f"the salt percentage of the mixture?"
+        )
         return Problem("mixture", text, target)
-    text = (f"How many litres of a {low}% acid solution must be added to {v} litres of a {high}% acid solution "
-            f"to get a {format_number(target)}% acid solution?")
+    text = (
+        f"How many litres of a {low}% acid solution must be added to {v} litres of a {high}% acid solution "
+        f"to get a {format_number(target)}% acid solution?"
+    )
     return Problem("mixture", text, Fraction(x))
 
 
 GENERATORS: dict[str, Callable[[random.Random, int], Problem]] = {
-    "arithmetic": arithmetic, "rates": rates, "ages": ages, "fractions": fractions,
-    "linear": linear, "percent": percent, "mixture": mixture,
+    "arithmetic": arithmetic,
+    "rates": rates,
+    "ages": ages,
+    "fractions": fractions,
+    "linear": linear,
+    "percent": percent,
+    "mixture": mixture,
 }
 
 

@@ -37,7 +37,14 @@ async def scripted_episode(env: SWEEnv, index: int) -> dict[str, float]:
     t3 = time.perf_counter()
     _, reward, *_ = await env.astep(_call("submit"))
     t4 = time.perf_counter()
-    return {"reset": t1 - t0, "view_step": t2 - t1, "test_step": (t3 - t2) / 2, "submit_grade": t4 - t3, "episode": t4 - t0, "reward": reward}
+    return {
+        "reset": t1 - t0,
+        "view_step": t2 - t1,
+        "test_step": (t3 - t2) / 2,
+        "submit_grade": t4 - t3,
+        "episode": t4 - t0,
+        "reward": reward,
+    }
 
 
 async def run(concurrency: int, episodes: int, backend: str) -> dict[str, Any]:
@@ -60,10 +67,19 @@ async def run(concurrency: int, episodes: int, backend: str) -> dict[str, Any]:
         results = await asyncio.gather(*(one(i) for i in range(episodes)))
         wall = time.perf_counter() - started
         metrics = pool.metrics()
-    summary: dict[str, Any] = {key: round(statistics.median(r[key] for r in results), 3) for key in ("reset", "view_step", "test_step", "submit_grade", "episode")}
-    summary.update(backend=backend, concurrency=concurrency, episodes=episodes, wall_seconds=round(wall, 2),
-                   episodes_per_minute=round(60 * episodes / wall, 1), mean_reward=sum(r["reward"] for r in results) / episodes,
-                   acquire_p50_ms=round(metrics.acquire_p50_ms, 1))
+    summary: dict[str, Any] = {
+        key: round(statistics.median(r[key] for r in results), 3)
+        for key in ("reset", "view_step", "test_step", "submit_grade", "episode")
+    }
+    summary.update(
+        backend=backend,
+        concurrency=concurrency,
+        episodes=episodes,
+        wall_seconds=round(wall, 2),
+        episodes_per_minute=round(60 * episodes / wall, 1),
+        mean_reward=sum(r["reward"] for r in results) / episodes,
+        acquire_p50_ms=round(metrics.acquire_p50_ms, 1),
+    )
     return summary
 
 

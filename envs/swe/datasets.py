@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from envhub.envs.swe.tasks import REQUIRED_FIELDS, SWEInstance, instance_from_dict, load_instances
 from envhub.errors import ConfigError
@@ -82,7 +83,9 @@ def _tests(value: Any) -> list[str]:
         try:
             value = json.loads(value) if value.strip() else []
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"a FAIL_TO_PASS / PASS_TO_PASS value is not a JSON list ({exc.msg}): {value[:80]!r}") from None
+            raise ConfigError(
+                f"a FAIL_TO_PASS / PASS_TO_PASS value is not a JSON list ({exc.msg}): {value[:80]!r}"
+            ) from None
     if not isinstance(value, (list, tuple)) and not hasattr(value, "tolist"):
         raise ConfigError(f"FAIL_TO_PASS / PASS_TO_PASS must be lists of test ids, got {type(value).__name__}")
     return [str(v) for v in value]  # lists, and numpy arrays from parquet
@@ -91,20 +94,32 @@ def _tests(value: Any) -> list[str]:
 def from_swebench(row: dict[str, Any], *, fmt: str = "swebench", with_image: bool = True) -> SWEInstance:
     """A SWE-bench / SWE-Gym row (test lists as JSON strings or lists) as an instance in its own image."""
     iid = _text(row, "instance_id")
-    image = row.get("image") or row.get("docker_image") or (
-        (swegym_image(iid) if fmt == "swegym" else swebench_image(iid)) if with_image else None)
+    image = (
+        row.get("image")
+        or row.get("docker_image")
+        or ((swegym_image(iid) if fmt == "swegym" else swebench_image(iid)) if with_image else None)
+    )
     normal = {k: row[k] for k in REQUIRED_FIELDS if k in row}
     normal.update(FAIL_TO_PASS=_tests(row.get("FAIL_TO_PASS")), PASS_TO_PASS=_tests(row.get("PASS_TO_PASS")))
     extra = {k: v for k, v in row.items() if k not in normal and k not in ("image", "docker_image")}
-    normal.update(extra, dataset=fmt, version=_text(row, "version") or None,
-                  environment_setup_commit=_text(row, "environment_setup_commit") or None,
-                  image=image, workdir=TESTBED if image else None)
+    normal.update(
+        extra,
+        dataset=fmt,
+        version=_text(row, "version") or None,
+        environment_setup_commit=_text(row, "environment_setup_commit") or None,
+        image=image,
+        workdir=TESTBED if image else None,
+    )
     return instance_from_dict(normal, f"{fmt} instance {iid or '?'}")
 
 
 def _is_test_path(path: str) -> bool:
     parts = path.split("/")
-    return path.endswith("_test.py") or parts[-1].startswith("test_") or bool({"tests", "Tests", "test", "Test"} & set(parts[:-1]))
+    return (
+        path.endswith("_test.py")
+        or parts[-1].startswith("test_")
+        or bool({"tests", "Tests", "test", "Test"} & set(parts[:-1]))
+    )
 
 
 def r2egym_gold_patch(parsed_commit: str | dict[str, Any]) -> str:
@@ -120,7 +135,8 @@ def r2egym_gold_patch(parsed_commit: str | dict[str, Any]) -> str:
         if diff["header"].get("misc_line"):
             out.append(diff["header"]["misc_line"] + "\n")
         if index := diff.get("index_line"):
-            out.append(f"index {index['old_commit_hash']}..{index['new_commit_hash']}{' ' + index['mode'] if index.get('mode') else ''}\n")
+            mode = f" {index['mode']}" if index.get("mode") else ""
+            out.append(f"index {index['old_commit_hash']}..{index['new_commit_hash']}{mode}\n")
         if diff.get("is_binary_file"):
             out.append(f"{diff.get('binary_line') or ''}\n")
         if diff.get("minus_file") and diff.get("plus_file"):
@@ -128,7 +144,11 @@ def r2egym_gold_patch(parsed_commit: str | dict[str, Any]) -> str:
         for hunk in diff.get("hunks", []):
             d = hunk["descriptor"]
             span = lambda r: f"{r['start']}" if r.get("length") is None else f"{r['start']},{r['length']}"
-            out.append(f"@@ -{span(d['old_range'])} +{span(d['new_range'])} @@" + (f" {d['section']}" if d.get("section") else "") + "\n")
+            out.append(
+                f"@@ -{span(d['old_range'])} +{span(d['new_range'])} @@"
+                + (f" {d['section']}" if d.get("section") else "")
+                + "\n"
+            )
             out += [f"{marks[line['type']]}{line['content']}\n" for line in hunk["line_group"]["all_lines"]]
     return "".join(out)
 
@@ -143,13 +163,23 @@ def from_r2egym(row: dict[str, Any]) -> SWEInstance:
     expected = json.loads(expected) if isinstance(expected, str) else dict(expected)
     iid = _text(row, "instance_id") or f"{name}-{commit[:12]}"
     normal = {
-        "instance_id": iid, "repo": name if "/" in name else f"r2e-gym/{name}", "base_commit": commit,
-        "problem_statement": _text(row, "problem_statement"), "test_patch": "", "FAIL_TO_PASS": [],
-        "patch": _text(row, "patch") or (r2egym_gold_patch(row["parsed_commit_content"]) if row.get("parsed_commit_content") else ""),
+        "instance_id": iid,
+        "repo": name if "/" in name else f"r2e-gym/{name}",
+        "base_commit": commit,
+        "problem_statement": _text(row, "problem_statement"),
+        "test_patch": "",
+        "FAIL_TO_PASS": [],
+        "patch": _text(row, "patch")
+        or (r2egym_gold_patch(row["parsed_commit_content"]) if row.get("parsed_commit_content") else ""),
         "PASS_TO_PASS": [t for t, status in expected.items() if status == "PASSED"],
-        "dataset": "r2egym", "image": image, "workdir": TESTBED, "expected_output_json": expected,
+        "dataset": "r2egym",
+        "image": image,
+        "workdir": TESTBED,
+        "expected_output_json": expected,
     }
-    normal.update({k: v for k, v in row.items() if k not in normal and k not in ("docker_image", "repo_name", "commit_hash")})
+    normal.update(
+        {k: v for k, v in row.items() if k not in normal and k not in ("docker_image", "repo_name", "commit_hash")}
+    )
     return instance_from_dict(normal, f"r2egym instance {iid}")
 
 
@@ -168,7 +198,11 @@ def reverse_patch(patch: str) -> str:
         if line.startswith("@@"):
             line = re.sub(r"^@@ -(\S+) \+(\S+) @@", r"@@ -\2 +\1 @@", line)
         elif line.startswith("new file mode") or line.startswith("deleted file mode"):
-            line = line.replace("new file", "\0", 1).replace("deleted file", "new file", 1).replace("\0", "deleted file", 1)
+            line = (
+                line.replace("new file", "\0", 1)
+                .replace("deleted file", "new file", 1)
+                .replace("\0", "deleted file", 1)
+            )
         elif match := re.match(r"index (\w+)\.\.(\w+)(.*)", line, re.S):
             line = f"index {match[2]}..{match[1]}{match[3]}"
         elif line[:1] == "+":
@@ -193,10 +227,18 @@ def from_swesmith(row: dict[str, Any]) -> SWEInstance:
     bug = _text(row, "patch")
     base = _text(row, "base_commit") or repo.rpartition(".")[2]
     normal = {
-        "instance_id": iid, "repo": repo if "/" in repo else f"swesmith/{repo}", "base_commit": base,
-        "problem_statement": _text(row, "problem_statement"), "patch": reverse_patch(bug), "test_patch": "",
-        "FAIL_TO_PASS": _tests(row.get("FAIL_TO_PASS")), "PASS_TO_PASS": _tests(row.get("PASS_TO_PASS")),
-        "dataset": "swesmith", "image": image, "workdir": TESTBED, "bug_patch": bug,
+        "instance_id": iid,
+        "repo": repo if "/" in repo else f"swesmith/{repo}",
+        "base_commit": base,
+        "problem_statement": _text(row, "problem_statement"),
+        "patch": reverse_patch(bug),
+        "test_patch": "",
+        "FAIL_TO_PASS": _tests(row.get("FAIL_TO_PASS")),
+        "PASS_TO_PASS": _tests(row.get("PASS_TO_PASS")),
+        "dataset": "swesmith",
+        "image": image,
+        "workdir": TESTBED,
+        "bug_patch": bug,
     }
     normal.update({k: v for k, v in row.items() if k not in normal and k not in ("image_name",)})
     return instance_from_dict(normal, f"swesmith instance {iid}")
@@ -238,37 +280,52 @@ def hub_rows(name: str, split: str | None = None) -> tuple[list[dict[str, Any]],
     fmt, default_split = KNOWN_HUB_SETS.get(name.lower(), (None, "test"))
     split = split or default_split
     local = name.replace("/", "__") + f".{split}.jsonl"
-    fetch = f"python -c \"from datasets import load_dataset; load_dataset('{name}', split='{split}').to_json('{local}')\""
+    fetch = (
+        f"python -c \"from datasets import load_dataset; load_dataset('{name}', split='{split}').to_json('{local}')\""
+    )
     try:
         from datasets import load_dataset
     except ImportError:
-        raise ConfigError(f"loading {name} from the Hugging Face hub needs the `datasets` package",
-                          hint=f"pip install 'envhub[swe]', or on a machine with network run {fetch} and pass tasks='{local}'") from None
+        raise ConfigError(
+            f"loading {name} from the Hugging Face hub needs the `datasets` package",
+            hint=f"pip install 'envhub[swe]', or on a machine with network run {fetch} and pass tasks='{local}'",
+        ) from None
     try:
         rows = list(load_dataset(name, split=split))
     except Exception as exc:
-        raise ConfigError(f"cannot load {name} (split {split}) from the Hugging Face hub: {type(exc).__name__}: {str(exc)[:200]}",
-                          hint=f"offline? on a machine with network run {fetch}, copy {local} here and pass tasks='{local}'") from None
+        raise ConfigError(
+            f"cannot load {name} (split {split}) from the Hugging Face hub: {type(exc).__name__}: {str(exc)[:200]}",
+            hint=f"offline? on a machine with network run {fetch}, copy {local} here and pass tasks='{local}'",
+        ) from None
     return rows, fmt
 
 
-def load_tasks(source: str | Path, *, dataset: str | None = None, split: str | None = None,
-               with_images: bool = True) -> list[SWEInstance]:
+def load_tasks(
+    source: str | Path, *, dataset: str | None = None, split: str | None = None, with_images: bool = True
+) -> list[SWEInstance]:
     """Instances from a local file (JSONL / JSON / parquet) or a hub name like `princeton-nlp/SWE-bench_Verified`.
 
     `with_images=False` keeps SWE-bench rows without an explicit image on `repos_dir` (the base image)."""
     path = Path(source)
     if path.is_file():
         rows = read_rows(path)
-        if dataset is None and path.suffix in (".jsonl", ".json") and rows and all(detect_format(r) == "envhub" for r in rows):
+        if (
+            dataset is None
+            and path.suffix in (".jsonl", ".json")
+            and rows
+            and all(detect_format(r) == "envhub" for r in rows)
+        ):
             return load_instances(path)  # envhub's own files keep their line-numbered errors
         hint = dataset or ("swegym" if re.search(r"swe[-_]?gym", path.name, re.I) else None)
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", str(source)) and path.suffix not in (".jsonl", ".json", ".parquet"):
         rows, hint = hub_rows(str(source), split)
         hint = dataset or hint
     else:
-        raise ConfigError(f"task file {source} does not exist",
-                          hint="pass a JSONL / JSON / parquet file, a hub name like princeton-nlp/SWE-bench_Verified, or omit tasks for the bundled set")
+        raise ConfigError(
+            f"task file {source} does not exist",
+            hint="pass a JSONL / JSON / parquet file, a hub name like princeton-nlp/SWE-bench_Verified, or omit tasks "
+            "for the bundled set",
+        )
     instances = [convert(_plain(row), hint, with_image=with_images) for row in rows]
     _check_unique(instances, str(source))
     return instances

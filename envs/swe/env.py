@@ -19,7 +19,7 @@ from envhub.envs.swe import grading, harness, workspace
 from envhub.envs.swe.tasks import BUNDLED_TASKS, SWEInstance, load_instances
 from envhub.errors import ConfigError
 from envhub.toolcalls import ToolCall, ToolResult
-from envhub.toolenv import SandboxSpec, SandboxToolEnv, printable
+from envhub.toolenv import SandboxSpec, SandboxToolEnv
 from envhub.tools import bash, str_replace_edit, submit, view
 
 MAX_DIFF_BYTES = 4 * 2**20
@@ -45,7 +45,10 @@ def resolve_tasks(tasks: str | Path | None, repos_dir: str | Path | None) -> tup
 
     instances = load_tasks(tasks, with_images=repos_dir is None)
     if repos_dir is None and any(not i.image for i in instances):
-        raise ConfigError("repos_dir is required for instances without their own image", hint="pass repos_dir=DIR holding owner__name git repositories")
+        raise ConfigError(
+            "repos_dir is required for instances without their own image",
+            hint="pass repos_dir=DIR holding owner__name git repositories",
+        )
     return instances, Path(repos_dir) if repos_dir else None
 
 
@@ -54,8 +57,13 @@ class SWEEnv(SandboxToolEnv):
 
     tools = (bash, view, str_replace_edit, submit)
     system_prompt = SYSTEM_PROMPT
-    reward_doc = "1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes on the submitted diff plus test_patch, else 0.0"
-    no_call_message = 'No tool call found. ' + 'Call a tool, e.g. <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>, or submit.'
+    reward_doc = (
+        "1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes on the submitted diff plus test_patch, else 0.0"
+    )
+    no_call_message = (
+        'No tool call found. '
+        + 'Call a tool, e.g. <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>, or submit.'
+    )
     tool_timeout = None  # sandbox commands carry their own hard timeout (command_timeout)
 
     def __init__(
@@ -127,8 +135,12 @@ class SWEEnv(SandboxToolEnv):
             f"<issue>\n{self.instance.problem_statement.strip()}\n</issue>\n\n"
             f"Fix the issue by editing the repository, then call submit. You have {self.max_steps} steps."
         )
-        return obs, {"instance_id": self.instance.instance_id, "repo": self.instance.repo, "max_steps": self.max_steps,
-                     "reset_seconds": round(time.perf_counter() - self._reset_started, 3)}
+        return obs, {
+            "instance_id": self.instance.instance_id,
+            "repo": self.instance.repo,
+            "max_steps": self.max_steps,
+            "reset_seconds": round(time.perf_counter() - self._reset_started, 3),
+        }
 
     # -- steps: tools run in the sandbox; submit and the step limit grade ----------------------
     async def call_tool(self, call: ToolCall) -> ToolResult:
@@ -144,12 +156,19 @@ class SWEEnv(SandboxToolEnv):
     async def agent_diff(self) -> tuple[str, str | None]:
         """The agent's changes as a git diff against base (new and binary files included), or an error."""
         sandbox = self.sandbox
-        script = ("mkdir -p ../.envhub && git add -A >/dev/null 2>&1; "
-                  f"git diff --cached --binary --no-color --no-ext-diff {self._base} > ../.envhub/agent.diff 2>../.envhub/agent.err"
-                  " && stat -c %s ../.envhub/agent.diff")
+        script = (
+            "mkdir -p ../.envhub && git add -A >/dev/null 2>&1; "
+            f"git diff --cached --binary --no-color --no-ext-diff {self._base} > ../.envhub/agent.diff "
+            f"2>../.envhub/agent.err"
+            " && stat -c %s ../.envhub/agent.diff"
+        )
         result = await sandbox.exec(script, timeout=120, cwd=self.workdir, env=grading.GIT_IDENTITY)
         if result.timed_out or result.exit_code != 0:
-            return "", f"could not read the agent's changes (the repository may be broken): {(result.stderr or result.stdout).strip()[-200:] or 'git diff failed'}"
+            return (
+                "",
+                f"could not read the agent's changes (the repository may be broken): "
+                f"{(result.stderr or result.stdout).strip()[-200:] or 'git diff failed'}",
+            )
         if int(result.stdout.strip() or 0) > MAX_DIFF_BYTES:
             return "", f"the agent's diff is larger than {MAX_DIFF_BYTES // 2**20} MiB"
         data = await sandbox.read_file(self.workdir + "/../.envhub/agent.diff")
@@ -167,11 +186,21 @@ class SWEEnv(SandboxToolEnv):
         if error:
             result = grading.GradeResult(self.instance.instance_id, resolved=False, error=error)
         else:
-            result = await harness.grade(self.instance, diff, self.get_pool(), self.repos_dir, test_timeout=self.test_timeout)
+            result = await harness.grade(
+                self.instance, diff, self.get_pool(), self.repos_dir, test_timeout=self.test_timeout
+            )
         obs = f"Episode over ({why}). {'Resolved' if result.resolved else 'Not resolved'}: {result.reason}"
-        return self.finish(obs, reward=1.0 if result.resolved else 0.0, truncated=truncated, resolved=result.resolved,
-                           reason=result.reason, tests=result.tests, diff=diff, grade=result.to_json(),
-                           grade_seconds=round(time.perf_counter() - started, 3))
+        return self.finish(
+            obs,
+            reward=1.0 if result.resolved else 0.0,
+            truncated=truncated,
+            resolved=result.resolved,
+            reason=result.reason,
+            tests=result.tests,
+            diff=diff,
+            grade=result.to_json(),
+            grade_seconds=round(time.perf_counter() - started, 3),
+        )
 
     def render_text(self) -> str:
         head = f"[{self.instance.instance_id} step {self.steps}/{self.max_steps}]\n" if self.instance else ""

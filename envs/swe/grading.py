@@ -20,17 +20,22 @@ from envhub.envs.swe.tasks import DEFAULT_TEST_CMD, SWEInstance
 from envhub.errors import EnvhubError
 
 GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "envhub", "GIT_AUTHOR_EMAIL": "agent@envhub.invalid",
-    "GIT_COMMITTER_NAME": "envhub", "GIT_COMMITTER_EMAIL": "agent@envhub.invalid",
-    "GIT_AUTHOR_DATE": "1704067200 +0000", "GIT_COMMITTER_DATE": "1704067200 +0000",
-    "HOME": "/tmp", "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "envhub",
+    "GIT_AUTHOR_EMAIL": "agent@envhub.invalid",
+    "GIT_COMMITTER_NAME": "envhub",
+    "GIT_COMMITTER_EMAIL": "agent@envhub.invalid",
+    "GIT_AUTHOR_DATE": "1704067200 +0000",
+    "GIT_COMMITTER_DATE": "1704067200 +0000",
+    "HOME": "/tmp",
+    "GIT_CONFIG_NOSYSTEM": "1",
 }
 PASSING = ("PASSED", "XFAIL")
 _REPORT_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+?)(?: - .*)?$", re.MULTILINE)
 _APPLY_ATTEMPTS = (
     "git apply --whitespace=nowarn {f}",
     "git apply --whitespace=nowarn --ignore-whitespace --recount -C1 {f}",
-    "command -v patch >/dev/null && patch --batch --forward -p1 --fuzz=3 --dry-run -i {f} >/dev/null && patch --batch --forward -p1 --fuzz=3 -i {f}",
+    "command -v patch >/dev/null && patch --batch --forward -p1 --fuzz=3 --dry-run -i {f} >/dev/null && patch --batch "
+    "--forward -p1 --fuzz=3 -i {f}",
 )
 
 
@@ -50,7 +55,9 @@ class GradeResult:
     duration: float = 0.0
     log: str = ""
     grader: str = "envhub-pytest"  # or "swebench" (the official harness) or "r2egym" (expected test statuses)
-    tests_status: dict[str, dict[str, list[str]]] | None = None  # SWE-bench's FAIL_TO_PASS / PASS_TO_PASS success / failure
+    tests_status: dict[str, dict[str, list[str]]] | None = (
+        None  # SWE-bench's FAIL_TO_PASS / PASS_TO_PASS success / failure
+    )
 
     @property
     def reason(self) -> str:
@@ -64,23 +71,43 @@ class GradeResult:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict for reports and `info`."""
-        return {"instance_id": self.instance_id, "resolved": self.resolved, "error": self.error, "reason": self.reason,
-                "patch_applied": self.patch_applied, "duration": round(self.duration, 3), "tests": self.tests, "grader": self.grader}
+        return {
+            "instance_id": self.instance_id,
+            "resolved": self.resolved,
+            "error": self.error,
+            "reason": self.reason,
+            "patch_applied": self.patch_applied,
+            "duration": round(self.duration, 3),
+            "tests": self.tests,
+            "grader": self.grader,
+        }
 
     def swebench_report(self, model_patch: str | None) -> dict[str, Any]:
         """This verdict in the official harness's per-instance report format."""
-        return {"patch_is_None": model_patch is None, "patch_exists": model_patch is not None,
-                "patch_successfully_applied": self.patch_applied, "resolved": self.resolved,
-                **({"tests_status": self.tests_status} if self.tests_status is not None else {})}
+        return {
+            "patch_is_None": model_patch is None,
+            "patch_exists": model_patch is not None,
+            "patch_successfully_applied": self.patch_applied,
+            "resolved": self.resolved,
+            **({"tests_status": self.tests_status} if self.tests_status is not None else {}),
+        }
 
 
 def tests_status(instance: SWEInstance, outcomes: dict[str, str]) -> dict[str, dict[str, list[str]]]:
     """SWE-bench's `tests_status` block from per-test outcomes."""
-    def split(tests: tuple[str, ...]) -> dict[str, list[str]]:
-        return {"success": [t for t in tests if outcomes.get(t) in PASSING], "failure": [t for t in tests if outcomes.get(t) not in PASSING]}
 
-    return {"FAIL_TO_PASS": split(instance.FAIL_TO_PASS), "PASS_TO_PASS": split(instance.PASS_TO_PASS),
-            "FAIL_TO_FAIL": {"success": [], "failure": []}, "PASS_TO_FAIL": {"success": [], "failure": []}}
+    def split(tests: tuple[str, ...]) -> dict[str, list[str]]:
+        return {
+            "success": [t for t in tests if outcomes.get(t) in PASSING],
+            "failure": [t for t in tests if outcomes.get(t) not in PASSING],
+        }
+
+    return {
+        "FAIL_TO_PASS": split(instance.FAIL_TO_PASS),
+        "PASS_TO_PASS": split(instance.PASS_TO_PASS),
+        "FAIL_TO_FAIL": {"success": [], "failure": []},
+        "PASS_TO_FAIL": {"success": [], "failure": []},
+    }
 
 
 def parse_pytest_report(output: str) -> dict[str, str]:
@@ -90,7 +117,9 @@ def parse_pytest_report(output: str) -> dict[str, str]:
 
 @lru_cache(maxsize=256)
 def _archive(repo_path: str, commit: str) -> bytes:
-    result = subprocess.run(["git", "-C", repo_path, "archive", "--format=tar", f"{commit}^{{commit}}"], capture_output=True)
+    result = subprocess.run(
+        ["git", "-C", repo_path, "archive", "--format=tar", f"{commit}^{{commit}}"], capture_output=True
+    )
     if result.returncode != 0:
         raise RepoError(f"bad base_commit {commit} in {repo_path}: {result.stderr.decode(errors='replace').strip()}")
     return result.stdout
@@ -122,7 +151,9 @@ async def load_repo(sandbox: Any, instance: SWEInstance, repos_dir: str | Path) 
     script = "git init -q && git add -A && git commit -q --no-verify -m base && git tag base && git rev-parse HEAD"
     result = await sandbox.exec(script, timeout=120, cwd=dest, env=GIT_IDENTITY)
     if result.exit_code != 0:
-        raise RepoError(f"cannot set up the repository in the sandbox: {(result.stderr or result.stdout).strip()[-300:]}")
+        raise RepoError(
+            f"cannot set up the repository in the sandbox: {(result.stderr or result.stdout).strip()[-300:]}"
+        )
     return result.stdout.strip()
 
 
@@ -152,9 +183,16 @@ def test_command(instance: SWEInstance, tests: tuple[str, ...]) -> str:
     return f"{instance.test_cmd or DEFAULT_TEST_CMD} " + " ".join(shlex.quote(t) for t in tests)
 
 
-async def run_tests(sandbox: Any, instance: SWEInstance, tests: tuple[str, ...], timeout: float) -> tuple[dict[str, str], str, str | None]:
+async def run_tests(
+    sandbox: Any, instance: SWEInstance, tests: tuple[str, ...], timeout: float
+) -> tuple[dict[str, str], str, str | None]:
     """Run `tests` in the sandbox's repo; (outcome per test, output tail, error or None)."""
-    result = await sandbox.exec(test_command(instance, tests), timeout=timeout, cwd=repo_dir(sandbox), env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
+    result = await sandbox.exec(
+        test_command(instance, tests),
+        timeout=timeout,
+        cwd=repo_dir(sandbox),
+        env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     output = result.stdout + result.stderr
     found = parse_pytest_report(output)
     outcomes = {t: found.get(t, "MISSING") for t in tests}
@@ -164,7 +202,9 @@ async def run_tests(sandbox: Any, instance: SWEInstance, tests: tuple[str, ...],
     return outcomes, output[-4000:], error
 
 
-async def grade_in_sandbox(sandbox: Any, instance: SWEInstance, model_patch: str, repos_dir: str | Path, *, test_timeout: float = 300) -> GradeResult:
+async def grade_in_sandbox(
+    sandbox: Any, instance: SWEInstance, model_patch: str, repos_dir: str | Path, *, test_timeout: float = 300
+) -> GradeResult:
     """Grade `model_patch` inside an already-acquired fresh sandbox."""
     started = time.perf_counter()
 
@@ -181,16 +221,27 @@ async def grade_in_sandbox(sandbox: Any, instance: SWEInstance, model_patch: str
     # Like SWE-bench: the test files the test patch touches are reset first, so edits to them do not count.
     touched = " ".join(shlex.quote(p) for p in files_in_patch(instance.test_patch))
     if touched:
-        await sandbox.exec(f"git checkout -q base -- {touched} 2>/dev/null; true", timeout=60, cwd=repo_dir(sandbox), env=GIT_IDENTITY)
+        await sandbox.exec(
+            f"git checkout -q base -- {touched} 2>/dev/null; true", timeout=60, cwd=repo_dir(sandbox), env=GIT_IDENTITY
+        )
     problem = await apply_patch(sandbox, instance.test_patch, "tests")
     if problem:
         return done(resolved=False, patch_applied=True, error=f"test patch does not apply: {problem}")
     outcomes, log, error = await run_tests(sandbox, instance, instance.tests, test_timeout)
     resolved = error is None and all(outcomes[t] in PASSING for t in instance.tests)
-    return done(resolved=resolved, tests=outcomes, error=error, patch_applied=True, log=log, tests_status=tests_status(instance, outcomes))
+    return done(
+        resolved=resolved,
+        tests=outcomes,
+        error=error,
+        patch_applied=True,
+        log=log,
+        tests_status=tests_status(instance, outcomes),
+    )
 
 
-async def grade(instance: SWEInstance, model_patch: str, pool: Any, repos_dir: str | Path, *, test_timeout: float = 300) -> GradeResult:
+async def grade(
+    instance: SWEInstance, model_patch: str, pool: Any, repos_dir: str | Path, *, test_timeout: float = 300
+) -> GradeResult:
     """Grade `model_patch` for `instance` in a fresh sandbox from `pool`."""
     try:
         async with pool.acquire() as sandbox:

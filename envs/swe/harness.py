@@ -34,7 +34,9 @@ def grader_for(instance: SWEInstance) -> str:
     return "r2egym" if instance.dataset == "r2egym" else "envhub-pytest"
 
 
-async def grade(instance: SWEInstance, model_patch: str, pool: Any, repos_dir: Any = None, *, test_timeout: float = 300) -> GradeResult:
+async def grade(
+    instance: SWEInstance, model_patch: str, pool: Any, repos_dir: Any = None, *, test_timeout: float = 300
+) -> GradeResult:
     """Grade `model_patch` for `instance` in a fresh sandbox from `pool` (a `MultiImagePool` for image instances)."""
     if not instance.image:
         return await grading.grade(instance, model_patch, pool, repos_dir, test_timeout=test_timeout)
@@ -43,7 +45,9 @@ async def grade(instance: SWEInstance, model_patch: str, pool: Any, repos_dir: A
         async with workspace.acquire(pool, instance) as sandbox:
             result = await grade_in_image(sandbox, instance, model_patch, test_timeout=test_timeout)
     except EnvhubError as exc:
-        return GradeResult(instance.instance_id, resolved=False, error=f"sandbox failure: {exc}", grader=grader_for(instance))
+        return GradeResult(
+            instance.instance_id, resolved=False, error=f"sandbox failure: {exc}", grader=grader_for(instance)
+        )
     return result if result.duration else _with_duration(result, time.perf_counter() - started)
 
 
@@ -67,7 +71,9 @@ async def apply_in(sandbox: Any, cwd: str, patch: str, commands: tuple[str, ...]
     return False, output[-500:] or "the patch does not apply"
 
 
-async def grade_in_image(sandbox: Any, instance: SWEInstance, model_patch: str, *, test_timeout: float = 300) -> GradeResult:
+async def grade_in_image(
+    sandbox: Any, instance: SWEInstance, model_patch: str, *, test_timeout: float = 300
+) -> GradeResult:
     """Grade inside an acquired sandbox of the instance's own image."""
     started = time.perf_counter()
     grader = grader_for(instance)
@@ -90,21 +96,37 @@ async def grade_in_image(sandbox: Any, instance: SWEInstance, model_patch: str, 
     return await _pytest(sandbox, instance, cwd, test_timeout, done)
 
 
-async def _official(sandbox: Any, instance: SWEInstance, model_patch: str, cwd: str, timeout: float, done: Any) -> GradeResult:
+async def _official(
+    sandbox: Any, instance: SWEInstance, model_patch: str, cwd: str, timeout: float, done: Any
+) -> GradeResult:
     script = await asyncio.to_thread(official.eval_script, instance)
     applied, output = await apply_in(sandbox, cwd, model_patch, official.apply_commands())
     log, timed_out = output, False
     if applied:
         await sandbox.write_file("/tmp/envhub-eval.sh", script)
-        result = await sandbox.exec("/bin/bash /tmp/envhub-eval.sh 2>&1", timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"})
+        result = await sandbox.exec(
+            "/bin/bash /tmp/envhub-eval.sh 2>&1", timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"}
+        )
         log, timed_out = result.stdout + result.stderr, result.timed_out
     report = await asyncio.to_thread(official.report, instance, model_patch, log, applied=applied, timed_out=timed_out)
     status = report.get("tests_status")
-    tests = {t: ("PASSED" if kind == "success" else "FAILED") for group in (status or {}).values() for kind, names in group.items() for t in names}
+    tests = {
+        t: ("PASSED" if kind == "success" else "FAILED")
+        for group in (status or {}).values()
+        for kind, names in group.items()
+        for t in names
+    }
     error = None if applied else f"model patch does not apply: {output}"
     if applied and status is None:
         error = f"tests timed out after {timeout:g} s" if timed_out else "the test run reported no results (see log)"
-    return done(resolved=bool(report["resolved"]), tests=tests, error=error, patch_applied=applied, log=log[-4000:], tests_status=status)
+    return done(
+        resolved=bool(report["resolved"]),
+        tests=tests,
+        error=error,
+        patch_applied=applied,
+        log=log[-4000:],
+        tests_status=status,
+    )
 
 
 async def _pytest(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float, done: Any) -> GradeResult:
@@ -113,11 +135,15 @@ async def _pytest(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
     if test_files:
         quoted = " ".join(shlex.quote(f) for f in test_files)
         source = workspace.CLEAN_TAG if instance.dataset == "swesmith" else shlex.quote(instance.base_commit)
-        await sandbox.exec(f"git checkout -q {source} -- {quoted} 2>/dev/null; true", timeout=60, cwd=cwd, env=grading.GIT_IDENTITY)
+        await sandbox.exec(
+            f"git checkout -q {source} -- {quoted} 2>/dev/null; true", timeout=60, cwd=cwd, env=grading.GIT_IDENTITY
+        )
     applied, output = await apply_in(sandbox, cwd, instance.test_patch, ("git apply --verbose",))
     if not applied:
         return done(resolved=False, patch_applied=True, error=f"test patch does not apply: {output}")
-    command = f"{instance.test_cmd or DEFAULT_TEST_CMD.replace('python3', 'python')} " + " ".join(shlex.quote(t) for t in instance.tests)
+    command = f"{instance.test_cmd or DEFAULT_TEST_CMD.replace('python3', 'python')} " + " ".join(
+        shlex.quote(t) for t in instance.tests
+    )
     result = await sandbox.exec(command + " 2>&1", timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"})
     found = parse_pytest_report(_ANSI.sub("", result.stdout + result.stderr))
     outcomes = {t: found.get(t, "MISSING") for t in instance.tests}
@@ -125,8 +151,14 @@ async def _pytest(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
     if not found and not result.timed_out:
         error = f"the test run reported no results (exit code {result.exit_code})"
     resolved = error is None and all(outcomes[t] in PASSING for t in instance.tests)
-    return done(resolved=resolved, tests=outcomes, error=error, patch_applied=True, log=(result.stdout + result.stderr)[-4000:],
-                tests_status=tests_status(instance, outcomes))
+    return done(
+        resolved=resolved,
+        tests=outcomes,
+        error=error,
+        patch_applied=True,
+        log=(result.stdout + result.stderr)[-4000:],
+        tests_status=tests_status(instance, outcomes),
+    )
 
 
 async def _r2egym(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float, done: Any) -> GradeResult:
@@ -140,7 +172,20 @@ async def _r2egym(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
         error = f"the test run reported no results (exit code {result.exit_code})"
     # R2E-Gym's rule: the same tests as expected, each with exactly the expected status.
     resolved = error is None and found == expected
-    status = {"FAIL_TO_PASS": {"success": [], "failure": []},
-              "PASS_TO_PASS": {"success": [t for t in expected if found.get(t) == expected[t]], "failure": [t for t in expected if found.get(t) != expected[t]]},
-              "FAIL_TO_FAIL": {"success": [], "failure": []}, "PASS_TO_FAIL": {"success": [], "failure": []}}
-    return done(resolved=resolved, tests=outcomes, error=error, patch_applied=True, log=(result.stdout + result.stderr)[-4000:], tests_status=status)
+    status = {
+        "FAIL_TO_PASS": {"success": [], "failure": []},
+        "PASS_TO_PASS": {
+            "success": [t for t in expected if found.get(t) == expected[t]],
+            "failure": [t for t in expected if found.get(t) != expected[t]],
+        },
+        "FAIL_TO_FAIL": {"success": [], "failure": []},
+        "PASS_TO_FAIL": {"success": [], "failure": []},
+    }
+    return done(
+        resolved=resolved,
+        tests=outcomes,
+        error=error,
+        patch_applied=True,
+        log=(result.stdout + result.stderr)[-4000:],
+        tests_status=status,
+    )

@@ -36,14 +36,20 @@ from envhub.errors import ConfigError
 
 LAYOUT_VERSION = "1"
 _PYTEST_SHIM = "#!{env}/bin/python\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n"
-_ACTIVATE = 'conda() { case "$1" in activate) . "/opt/miniconda3/envs/${2:-testbed}/bin/activate" ;; deactivate) deactivate ;; esac; }\n'
+_ACTIVATE = (
+    'conda() { case "$1" in activate) . "/opt/miniconda3/envs/${2:-testbed}/bin/activate" ;; deactivate) '
+    'deactivate ;; esac; }\n'
+)
 
 
 def _env_script(env: str) -> str:
     """Shell lines that create a Python environment at `env` with the project at /testbed installed editable."""
-    return (f"python3 -m venv --without-pip --system-site-packages {env}\n"
-            f"echo /testbed > \"$({env}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/testbed.pth\"\n"
-            f"cat > {env}/bin/pytest <<'EOF'\n{_PYTEST_SHIM.format(env=env)}EOF\nchmod 755 {env}/bin/pytest\n")
+    return (
+        f"python3 -m venv --without-pip --system-site-packages {env}\n"
+        f"echo /testbed > \"$({env}/bin/python -c 'import sysconfig; "
+        f"print(sysconfig.get_paths()[\"purelib\"])')/testbed.pth\"\n"
+        f"cat > {env}/bin/pytest <<'EOF'\n{_PYTEST_SHIM.format(env=env)}EOF\nchmod 755 {env}/bin/pytest\n"
+    )
 
 
 def setup_script(instance: SWEInstance) -> str:
@@ -51,7 +57,10 @@ def setup_script(instance: SWEInstance) -> str:
     lines = ["set -eu", "cd /testbed && git update-index -q --refresh >/dev/null || true"]
     if instance.dataset == "r2egym":
         lines.append(_env_script("/root/.venv"))
-        lines.append("printf '%s\\n' 'cd /testbed' '/root/.venv/bin/python -m pytest -rA -p no:cacheprovider r2e_tests' > /root/run_tests.sh")
+        lines.append(
+            "printf '%s\\n' 'cd /testbed' '/root/.venv/bin/python -m pytest -rA -p no:cacheprovider r2e_tests' > "
+            "/root/run_tests.sh"
+        )
     else:
         lines.append(_env_script("/opt/miniconda3/envs/testbed"))
         lines.append(f"mkdir -p /opt/miniconda3/bin && cat > /opt/miniconda3/bin/activate <<'EOF'\n{_ACTIVATE}EOF")
@@ -60,8 +69,13 @@ def setup_script(instance: SWEInstance) -> str:
 
 def recipe_key(instance: SWEInstance, source_commit: str, base: str) -> str:
     """The content hash an image is cached under."""
-    recipe = {"layout": LAYOUT_VERSION, "base": base, "source": source_commit, "setup": setup_script(instance),
-              "instance": instance.to_json()}
+    recipe = {
+        "layout": LAYOUT_VERSION,
+        "base": base,
+        "source": source_commit,
+        "setup": setup_script(instance),
+        "instance": instance.to_json(),
+    }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -101,11 +115,18 @@ def _testbed(instance: SWEInstance, source: Path, work: Path) -> dict[str, bytes
         git(work, "checkout", "-q", "main")
     elif instance.dataset == "r2egym":
         scratch = work.parent / "tests"
-        subprocess.run(["git", "-C", str(work), "worktree", "add", "-q", "--detach", str(scratch)], check=True, capture_output=True, env={**os.environ, **GIT_ENV})
+        subprocess.run(
+            ["git", "-C", str(work), "worktree", "add", "-q", "--detach", str(scratch)],
+            check=True,
+            capture_output=True,
+            env={**os.environ, **GIT_ENV},
+        )
         git(scratch, "apply", "-", input=str(instance.extra.get("build_test_patch", "")).encode())
         for name in files_in_patch(str(instance.extra.get("build_test_patch", ""))):
             extra[f"r2e_tests/{Path(name).name}"] = (scratch / name).read_bytes()
-        subprocess.run(["git", "-C", str(work), "worktree", "remove", "--force", str(scratch)], check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(work), "worktree", "remove", "--force", str(scratch)], check=True, capture_output=True
+        )
     git(work, "gc", "-q", "--prune=now")
     return extra
 
@@ -115,7 +136,10 @@ def build_instance_image(instance: SWEInstance, repos_dir: str | Path, *, base: 
     from envhub.sandboxes.images import build_image, docker_client, ensure_base_image
 
     if not instance.image:
-        raise ConfigError(f"instance {instance.instance_id} has no image to build", hint="only instances with their own image are built")
+        raise ConfigError(
+            f"instance {instance.instance_id} has no image to build",
+            hint="only instances with their own image are built",
+        )
     base = base or ensure_base_image()
     source = repo_path(instance, repos_dir)
     source_commit = git(source, "rev-parse", f"{instance.base_commit}^{{commit}}").strip()
@@ -131,6 +155,8 @@ def build_instance_image(instance: SWEInstance, repos_dir: str | Path, *, base: 
         extra = _testbed(instance, source, work)
         files = {"testbed.tar": _tar_tree(work), "setup.sh": setup_script(instance).encode(), **extra}
     copy_tests = "COPY r2e_tests/ /r2e_tests/\n" if instance.dataset == "r2egym" else ""
-    files["Dockerfile"] = (f"FROM {base}\nUSER 0:0\nADD testbed.tar /testbed/\n{copy_tests}COPY setup.sh /tmp/envhub-setup.sh\n"
-                           "RUN bash /tmp/envhub-setup.sh && rm /tmp/envhub-setup.sh\nWORKDIR /testbed\n").encode()
+    files["Dockerfile"] = (
+        f"FROM {base}\nUSER 0:0\nADD testbed.tar /testbed/\n{copy_tests}COPY setup.sh /tmp/envhub-setup.sh\n"
+        "RUN bash /tmp/envhub-setup.sh && rm /tmp/envhub-setup.sh\nWORKDIR /testbed\n"
+    ).encode()
     return build_image(instance.image, files, key=key, labels={"envhub.swe-instance": instance.instance_id[:200]})

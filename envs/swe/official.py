@@ -38,8 +38,10 @@ def harness() -> types.SimpleNamespace | None:
         test_spec = importlib.import_module("swebench.harness.test_spec.test_spec")
         grading = importlib.import_module("swebench.harness.grading")
     except ImportError as exc:
-        raise ConfigError(f"the swebench package is installed but cannot be imported ({exc})",
-                          hint="pip install 'envhub[swe]' (swebench 4.x with datasets, unidiff, python-dotenv)") from None
+        raise ConfigError(
+            f"the swebench package is installed but cannot be imported ({exc})",
+            hint="pip install 'envhub[swe]' (swebench 4.x with datasets, unidiff, python-dotenv)",
+        ) from None
     return types.SimpleNamespace(constants=constants, parsers=parsers, test_spec=test_spec, grading=grading)
 
 
@@ -53,7 +55,11 @@ def knows(instance: SWEInstance) -> bool:
 
 
 def _row(instance: SWEInstance) -> dict[str, Any]:
-    return {**instance.to_json(), "FAIL_TO_PASS": list(instance.FAIL_TO_PASS), "PASS_TO_PASS": list(instance.PASS_TO_PASS)}
+    return {
+        **instance.to_json(),
+        "FAIL_TO_PASS": list(instance.FAIL_TO_PASS),
+        "PASS_TO_PASS": list(instance.PASS_TO_PASS),
+    }
 
 
 def test_spec(instance: SWEInstance) -> Any:
@@ -73,8 +79,11 @@ def apply_commands() -> tuple[str, ...]:
     return ("git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i")
 
 
-def report(instance: SWEInstance, model_patch: str | None, log: str, *, applied: bool, timed_out: bool) -> dict[str, Any]:
-    """swebench's per-instance report ({patch_exists, patch_successfully_applied, resolved, tests_status}) from the log."""
+def report(
+    instance: SWEInstance, model_patch: str | None, log: str, *, applied: bool, timed_out: bool
+) -> dict[str, Any]:
+    """swebench's per-instance report ({patch_exists, patch_successfully_applied, resolved, tests_status}) from the
+    log."""
     h = harness()
     assert h is not None
     c = h.constants

@@ -72,7 +72,11 @@ class Project:
 def load_project(directory: Path) -> Project:
     """Read one project directory (base/ and tasks.toml)."""
     base = directory / "base"
-    files = {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    files = {
+        p.relative_to(base).as_posix(): p.read_bytes()
+        for p in sorted(base.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     spec = tomllib.loads((directory / "tasks.toml").read_text(encoding="utf-8"))
     bugs = tuple(
         BugSpec(
@@ -98,7 +102,10 @@ def buggy_files(project: Project, bug: BugSpec) -> dict[str, bytes]:
     for path, fixed, buggy in bug.replacements:
         text = files[path].decode("utf-8")
         if text.count(fixed) != 1:
-            raise ConfigError(f"{project.name} task {bug.number}: the fixed snippet occurs {text.count(fixed)} times in {path}, expected once")
+            raise ConfigError(
+                f"{project.name} task {bug.number}: the fixed snippet occurs {text.count(fixed)} times in {path}, "
+                f"expected once"
+            )
         files[path] = text.replace(fixed, buggy).encode("utf-8")
     return files
 
@@ -108,7 +115,11 @@ def _fast_import_stream(project: Project) -> bytes:
 
     def commit(ref: str, mark: int, message: str, parent: int | None, files: dict[str, bytes]) -> None:
         msg = message.encode()
-        chunks.append(f"commit {ref}\nmark :{mark}\nauthor {_IDENTITY}\ncommitter {_IDENTITY}\ndata {len(msg)}\n".encode() + msg + b"\n")
+        chunks.append(
+            f"commit {ref}\nmark :{mark}\nauthor {_IDENTITY}\ncommitter {_IDENTITY}\ndata {len(msg)}\n".encode()
+            + msg
+            + b"\n"
+        )
         if parent is not None:
             chunks.append(f"from :{parent}\n".encode())
         for path, data in sorted(files.items()):
@@ -121,15 +132,25 @@ def _fast_import_stream(project: Project) -> bytes:
         changed = {p: d for p, d in broken.items() if project.files[p] != d}
         commit(f"refs/envhub/task-{bug.number}", 2 * index + 2, f"Update {', '.join(sorted(changed))}", 1, changed)
         tests = broken[bug.tests_file] + bug.hidden_tests.encode("utf-8")
-        commit(f"refs/envhub/tests-{bug.number}", 2 * index + 3, f"Add regression tests for task {bug.number}", 2 * index + 2, {bug.tests_file: tests})
+        commit(
+            f"refs/envhub/tests-{bug.number}",
+            2 * index + 3,
+            f"Add regression tests for task {bug.number}",
+            2 * index + 2,
+            {bug.tests_file: tests},
+        )
     return b"".join(chunks)
 
 
 def git(repo: Path, *args: str, input: bytes | None = None) -> str:
     """Run git in `repo` with envhub's fixed identity and no user config; returns stdout."""
-    result = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env={**os.environ, **GIT_ENV})
+    result = subprocess.run(
+        ["git", "-C", str(repo), *args], input=input, capture_output=True, env={**os.environ, **GIT_ENV}
+    )
     if result.returncode != 0:
-        raise ConfigError(f"git {' '.join(args[:2])} failed in {repo}: {result.stderr.decode(errors='replace').strip()}")
+        raise ConfigError(
+            f"git {' '.join(args[:2])} failed in {repo}: {result.stderr.decode(errors='replace').strip()}"
+        )
     return result.stdout.decode("utf-8", errors="replace")
 
 
@@ -183,27 +204,37 @@ def test_ids(source: str, path: str) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
             ids.append(f"{path}::{node.name}")
         elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            ids += [f"{path}::{node.name}::{m.name}" for m in node.body if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
+            ids += [
+                f"{path}::{node.name}::{m.name}"
+                for m in node.body
+                if isinstance(m, ast.FunctionDef) and m.name.startswith("test")
+            ]
     return ids
 
 
 def project_instances(project: Project, repo_dir: Path) -> list[SWEInstance]:
     """The SWE-bench instances of one built project."""
-    visible = [tid for path, data in sorted(project.files.items()) if path.startswith("tests/") and path.endswith(".py")
-               for tid in test_ids(data.decode("utf-8"), path)]
+    visible = [
+        tid
+        for path, data in sorted(project.files.items())
+        if path.startswith("tests/") and path.endswith(".py")
+        for tid in test_ids(data.decode("utf-8"), path)
+    ]
     instances = []
     for bug in project.bugs:
         base = git(repo_dir, "rev-parse", f"refs/envhub/task-{bug.number}").strip()
-        instances.append(SWEInstance(
-            instance_id=f"{project.name}-{bug.number}",
-            repo=project.repo,
-            base_commit=base,
-            problem_statement=bug.problem_statement,
-            patch=git(repo_dir, "diff", base, "refs/heads/main"),
-            test_patch=git(repo_dir, "diff", base, f"refs/envhub/tests-{bug.number}"),
-            FAIL_TO_PASS=tuple(test_ids(bug.hidden_tests, bug.tests_file)),
-            PASS_TO_PASS=tuple(visible),
-        ))
+        instances.append(
+            SWEInstance(
+                instance_id=f"{project.name}-{bug.number}",
+                repo=project.repo,
+                base_commit=base,
+                problem_statement=bug.problem_statement,
+                patch=git(repo_dir, "diff", base, "refs/heads/main"),
+                test_patch=git(repo_dir, "diff", base, f"refs/envhub/tests-{bug.number}"),
+                FAIL_TO_PASS=tuple(test_ids(bug.hidden_tests, bug.tests_file)),
+                PASS_TO_PASS=tuple(visible),
+            )
+        )
     return instances
 
 

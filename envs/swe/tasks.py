@@ -9,7 +9,16 @@ from typing import Any
 
 from envhub.errors import ConfigError
 
-REQUIRED_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+REQUIRED_FIELDS = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 BUNDLED_TASKS = Path(__file__).parent / "data" / "tasks.jsonl"
 OPTIONAL_FIELDS = ("image", "test_cmd", "dataset", "version", "environment_setup_commit", "workdir")
 DEFAULT_TEST_CMD = "python3 -m pytest -rA -p no:cacheprovider"
@@ -73,7 +82,10 @@ def instance_from_dict(row: dict[str, Any], where: str = "instance") -> SWEInsta
         raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
     missing = [k for k in REQUIRED_FIELDS if k not in row]
     if missing:
-        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}", hint="SWE-bench instances need " + ", ".join(REQUIRED_FIELDS))
+        raise ConfigError(
+            f"{where}: missing field(s) {', '.join(missing)}",
+            hint="SWE-bench instances need " + ", ".join(REQUIRED_FIELDS),
+        )
     for key in REQUIRED_FIELDS[:6]:
         if not isinstance(row[key], str):
             raise ConfigError(f"{where}: field {key} must be a string")
@@ -106,7 +118,10 @@ def load_instances(path: str | Path) -> list[SWEInstance]:
     """Read a JSONL (or JSON list) file of SWE-bench instances; errors name the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"task file {path} does not exist", hint="pass a JSONL file of SWE-bench instances, or omit tasks for the bundled set")
+        raise ConfigError(
+            f"task file {path} does not exist",
+            hint="pass a JSONL file of SWE-bench instances, or omit tasks for the bundled set",
+        )
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         try:

@@ -23,8 +23,11 @@ class Problem:
         return f"{self.instance_id}: {self.message}"
 
 
-async def validate_instance(instance: SWEInstance, pool: Any, repos_dir: str | Path, *, test_timeout: float = 300) -> list[Problem]:
+async def validate_instance(
+    instance: SWEInstance, pool: Any, repos_dir: str | Path, *, test_timeout: float = 300
+) -> list[Problem]:
     """Everything wrong with one instance: repo, base_commit, patches, and FAIL_TO_PASS behaviour."""
+
     def problem(message: str) -> Problem:
         return Problem(instance.instance_id, message)
 
@@ -44,7 +47,11 @@ async def validate_instance(instance: SWEInstance, pool: Any, repos_dir: str | P
     elif before.error and not before.tests:
         problems.append(problem(f"before the gold patch: {before.error}"))
     else:
-        problems += [problem(f"FAIL_TO_PASS test {t} passes before the gold patch") for t in instance.FAIL_TO_PASS if before.tests.get(t) in PASSING]
+        problems += [
+            problem(f"FAIL_TO_PASS test {t} passes before the gold patch")
+            for t in instance.FAIL_TO_PASS
+            if before.tests.get(t) in PASSING
+        ]
     if after.error and "model patch" in after.error:
         problems.append(problem(after.error.replace("model patch", "gold patch", 1)))
     elif test_patch_broken:
@@ -53,12 +60,17 @@ async def validate_instance(instance: SWEInstance, pool: Any, repos_dir: str | P
         problems.append(problem(f"after the gold patch: {after.error}"))
     else:
         for kind, tests in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
-            problems += [problem(f"{kind} test {t} does not pass after the gold patch ({after.tests.get(t, 'MISSING')})")
-                         for t in tests if after.tests.get(t) not in PASSING]
+            problems += [
+                problem(f"{kind} test {t} does not pass after the gold patch ({after.tests.get(t, 'MISSING')})")
+                for t in tests
+                if after.tests.get(t) not in PASSING
+            ]
     return problems
 
 
-async def validate_all(instances: list[SWEInstance], pool: Any, repos_dir: str | Path, *, concurrency: int = 4, test_timeout: float = 300) -> list[Problem]:
+async def validate_all(
+    instances: list[SWEInstance], pool: Any, repos_dir: str | Path, *, concurrency: int = 4, test_timeout: float = 300
+) -> list[Problem]:
     """Validate every instance, `concurrency` at a time; returns all problems in instance order."""
     gate = asyncio.Semaphore(concurrency)
 
@@ -79,8 +91,15 @@ class Prediction:
     model_name_or_path: str = ""
 
 
-async def grade_predictions(instances: list[SWEInstance], predictions: list[Prediction], pool: Any, repos_dir: str | Path,
-                            *, concurrency: int = 4, test_timeout: float = 300) -> dict[str, Any]:
+async def grade_predictions(
+    instances: list[SWEInstance],
+    predictions: list[Prediction],
+    pool: Any,
+    repos_dir: str | Path,
+    *,
+    concurrency: int = 4,
+    test_timeout: float = 300,
+) -> dict[str, Any]:
     """Grade predictions in parallel; a SWE-bench-like report with resolved / unresolved / error ids."""
     by_id = {i.instance_id: i for i in instances}
     gate = asyncio.Semaphore(concurrency)
@@ -92,6 +111,7 @@ async def grade_predictions(instances: list[SWEInstance], predictions: list[Pred
             return await grade(by_id[pred.instance_id], pred.model_patch, pool, repos_dir, test_timeout=test_timeout)
 
     results = await asyncio.gather(*(one(p) for p in predictions))
+
     # An error means the patch could not be evaluated at all; failing tests are merely unresolved.
     def is_error(r: GradeResult) -> bool:
         return bool(r.error) and not r.tests

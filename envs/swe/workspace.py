@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from envhub.envs.swe import grading
 from envhub.envs.swe.tasks import SWEInstance
@@ -20,7 +21,12 @@ from envhub.sandboxes.base import ImageLayout
 # The published images keep their Python environment here; it goes first on PATH so `python` and `pytest`
 # in the agent's shell are the project's, as after `conda activate testbed`.
 CONDA_ENV = ("/opt/miniconda3/envs/testbed/bin", "/opt/miniconda3/bin")
-ENV_PATHS = {"swebench": CONDA_ENV, "swegym": CONDA_ENV, "swesmith": CONDA_ENV, "r2egym": ("/root/.venv/bin", "/root/.local/bin")}
+ENV_PATHS = {
+    "swebench": CONDA_ENV,
+    "swegym": CONDA_ENV,
+    "swesmith": CONDA_ENV,
+    "r2egym": ("/root/.venv/bin", "/root/.local/bin"),
+}
 CLEAN_TAG = "envhub-clean"  # SWE-smith: the image's clean commit, whose test files grading restores
 _pools: dict[tuple[Any, ...], Any] = {}
 
@@ -39,7 +45,9 @@ def repo_dir(sandbox: Any, instance: SWEInstance | None) -> str:
     return grading.repo_dir(sandbox)
 
 
-def shared_pools(backend: str = "docker", image: str | None = None, *, spares_budget: int = 8, max_in_use: int = 16) -> Any:
+def shared_pools(
+    backend: str = "docker", image: str | None = None, *, spares_budget: int = 8, max_in_use: int = 16
+) -> Any:
     """The process-wide `MultiImagePool` on the running event loop (created lazily)."""
     from envhub.sandboxes.multipool import MultiImagePool
 
@@ -59,8 +67,10 @@ async def acquire(pool: Any, instance: SWEInstance) -> AsyncIterator[Any]:
             yield sandbox
         return
     if instance.image and getattr(pool, "image", None) != instance.image:
-        raise ConfigError(f"instance {instance.instance_id} needs its own image {instance.image}, but a single-image pool was given",
-                          hint="pass a sandboxes.multipool.MultiImagePool (or no pool) for task sets with per-instance images")
+        raise ConfigError(
+            f"instance {instance.instance_id} needs its own image {instance.image}, but a single-image pool was given",
+            hint="pass a sandboxes.multipool.MultiImagePool (or no pool) for task sets with per-instance images",
+        )
     async with pool.acquire() as sandbox:
         yield sandbox
 
@@ -75,11 +85,19 @@ async def prepare(sandbox: Any, instance: SWEInstance, repos_dir: Any) -> str:
         branch = shlex.quote(instance.instance_id)
         bug = instance.extra.get("bug_patch", "")
         steps.append(f"git tag -f {CLEAN_TAG} HEAD >/dev/null")  # grading restores the test files from here
-        steps.append(f"if git rev-parse -q --verify refs/heads/{branch} >/dev/null; then git checkout -q {branch}; "
-                     f"else printf %s {shlex.quote(bug)} | git apply --whitespace=nowarn - && git add -A && git commit -q --no-verify -m bug; fi")
+        steps.append(
+            f"if git rev-parse -q --verify refs/heads/{branch} >/dev/null; then git checkout -q {branch}; "
+            f"else printf %s {shlex.quote(bug)} | git apply --whitespace=nowarn - && git add -A && git commit -q "
+            f"--no-verify -m bug; fi"
+        )
     steps.append("git rev-parse HEAD")
-    result = await sandbox.exec(" && ".join(steps), timeout=120, cwd=repo_dir(sandbox, instance), env=grading.GIT_IDENTITY)
+    result = await sandbox.exec(
+        " && ".join(steps), timeout=120, cwd=repo_dir(sandbox, instance), env=grading.GIT_IDENTITY
+    )
     if result.exit_code != 0:
-        raise grading.RepoError(f"cannot set up {instance.instance_id} in {instance.image}: {(result.stderr or result.stdout).strip()[-300:]}",
-                                hint=f"check that the image keeps a git repository at {repo_dir(sandbox, instance)}")
+        raise grading.RepoError(
+            f"cannot set up {instance.instance_id} in {instance.image}: "
+            f"{(result.stderr or result.stdout).strip()[-300:]}",
+            hint=f"check that the image keeps a git repository at {repo_dir(sandbox, instance)}",
+        )
     return result.stdout.strip().splitlines()[-1]

@@ -7,9 +7,16 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "Catalog": "catalog", "Goal": "catalog", "Product": "catalog", "build_catalog": "catalog", "make_goal": "catalog",
-    "Score": "scoring", "score_purchase": "scoring",
-    "ShopServer": "shop", "acquire_server": "shop", "release_server": "shop",
+    "Catalog": "catalog",
+    "Goal": "catalog",
+    "Product": "catalog",
+    "build_catalog": "catalog",
+    "make_goal": "catalog",
+    "Score": "scoring",
+    "score_purchase": "scoring",
+    "ShopServer": "shop",
+    "acquire_server": "shop",
+    "release_server": "shop",
     "WebShopEnv": "env",
 }
 __all__ = sorted(_EXPORTS)

@@ -50,14 +50,24 @@ async def run(concurrency: int, episodes: int, shop_url: str | None = None) -> B
         seconds = time.perf_counter() - start
         await asyncio.gather(*(env.aclose() for env in envs))
     steps = int(totals[1])
-    return BenchResult(concurrency, episodes, steps, round(seconds, 3), round(steps / seconds, 1), round(episodes / seconds, 1), totals[0] / episodes)
+    return BenchResult(
+        concurrency,
+        episodes,
+        steps,
+        round(seconds, 3),
+        round(steps / seconds, 1),
+        round(episodes / seconds, 1),
+        totals[0] / episodes,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m envhub.envs.web.bench")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--episodes", type=int, default=256)
-    parser.add_argument("--shop-url", default=None, help="a shop started with `python -m envhub.envs.web.shop` (default: in-process)")
+    parser.add_argument(
+        "--shop-url", default=None, help="a shop started with `python -m envhub.envs.web.shop` (default: in-process)"
+    )
     args = parser.parse_args()
     for concurrency in (1, args.concurrency):
         result = asyncio.run(run(concurrency, args.episodes, args.shop_url))

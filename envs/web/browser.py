@@ -13,8 +13,16 @@ from envhub.errors import ConfigError
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "chromium", "chromium-browser")
 _FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--disable-dev-shm-usage",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--disable-dev-shm-usage",
 )
 
 
@@ -39,19 +47,28 @@ def require_chromium() -> str:
     return path
 
 
-async def screenshot(url: str, path: str | Path, *, width: int = 1024, height: int = 768, timeout: float = 60.0) -> Path:
+async def screenshot(
+    url: str, path: str | Path, *, width: int = 1024, height: int = 768, timeout: float = 60.0
+) -> Path:
     """Load `url` in headless Chromium and save a `width`x`height` PNG at `path`."""
     chromium = require_chromium()
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="envhub-chromium-") as profile:
         process = await asyncio.create_subprocess_exec(
-            chromium, *_FLAGS, f"--user-data-dir={profile}", f"--screenshot={path}", f"--window-size={width},{height}", url,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            chromium,
+            *_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--screenshot={path}",
+            f"--window-size={width},{height}",
+            url,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         try:
             _, stderr = await asyncio.wait_for(process.communicate(), timeout)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             try:  # chromium forks helpers; end its whole process group
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:

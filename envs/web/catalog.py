@@ -16,18 +16,50 @@ from functools import lru_cache
 _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, float]]]] = {
     "clothing": {
         "t-shirt": (
-            ["cotton", "organic cotton", "slim fit", "relaxed fit", "short sleeve", "long sleeve", "crew neck",
-             "v-neck", "moisture wicking", "machine washable", "for men", "for women"],
+            [
+                "cotton",
+                "organic cotton",
+                "slim fit",
+                "relaxed fit",
+                "short sleeve",
+                "long sleeve",
+                "crew neck",
+                "v-neck",
+                "moisture wicking",
+                "machine washable",
+                "for men",
+                "for women",
+            ],
             {"color": ["black", "white", "red", "navy", "grey", "green"], "size": ["XS", "S", "M", "L", "XL", "XXL"]},
             (8, 35),
         ),
         "hoodie": (
-            ["fleece", "cotton", "zip up", "pullover", "with pockets", "oversized", "machine washable", "for men", "for women"],
+            [
+                "fleece",
+                "cotton",
+                "zip up",
+                "pullover",
+                "with pockets",
+                "oversized",
+                "machine washable",
+                "for men",
+                "for women",
+            ],
             {"color": ["black", "grey", "navy", "burgundy", "olive", "pink"], "size": ["S", "M", "L", "XL", "XXL"]},
             (20, 70),
         ),
         "jeans": (
-            ["slim fit", "straight leg", "high waist", "stretch", "distressed", "bootcut", "with pockets", "for men", "for women"],
+            [
+                "slim fit",
+                "straight leg",
+                "high waist",
+                "stretch",
+                "distressed",
+                "bootcut",
+                "with pockets",
+                "for men",
+                "for women",
+            ],
             {"color": ["blue", "black", "light blue", "grey"], "size": ["28W", "30W", "32W", "34W", "36W", "38W"]},
             (25, 90),
         ),
@@ -61,13 +93,24 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
     },
     "electronics": {
         "wireless headphones": (
-            ["noise cancelling", "over ear", "bluetooth", "foldable", "long battery life", "with microphone", "lightweight"],
+            [
+                "noise cancelling",
+                "over ear",
+                "bluetooth",
+                "foldable",
+                "long battery life",
+                "with microphone",
+                "lightweight",
+            ],
             {"color": ["black", "white", "silver", "blue"]},
             (25, 250),
         ),
         "phone case": (
             ["shockproof", "slim", "clear", "silicone", "with card holder", "magnetic", "wireless charging compatible"],
-            {"color": ["black", "clear", "red", "blue", "pink"], "model": ["iphone 14", "iphone 15", "galaxy s23", "pixel 8"]},
+            {
+                "color": ["black", "clear", "red", "blue", "pink"],
+                "model": ["iphone 14", "iphone 15", "galaxy s23", "pixel 8"],
+            },
             (8, 40),
         ),
         "usb c charger": (
@@ -89,7 +132,10 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
         ),
         "throw pillow": (
             ["velvet", "linen", "decorative", "with insert", "machine washable", "square"],
-            {"color": ["beige", "grey", "navy", "mustard", "green"], "size": ["16x16 inch", "18x18 inch", "20x20 inch"]},
+            {
+                "color": ["beige", "grey", "navy", "mustard", "green"],
+                "size": ["16x16 inch", "18x18 inch", "20x20 inch"],
+            },
             (10, 45),
         ),
         "blanket": (
@@ -110,7 +156,15 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
             (6, 30),
         ),
         "face moisturizer": (
-            ["hyaluronic acid", "fragrance free", "for sensitive skin", "oil free", "with spf", "vegan", "non comedogenic"],
+            [
+                "hyaluronic acid",
+                "fragrance free",
+                "for sensitive skin",
+                "oil free",
+                "with spf",
+                "vegan",
+                "non comedogenic",
+            ],
             {"size": ["1.7 fl oz", "2.5 fl oz", "3.4 fl oz"]},
             (10, 60),
         ),
@@ -138,7 +192,10 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
         ),
         "protein bar": (
             ["gluten free", "low sugar", "high protein", "keto friendly", "vegan", "non gmo"],
-            {"flavor": ["chocolate", "peanut butter", "vanilla", "berry"], "count": ["6 count", "12 count", "24 count"]},
+            {
+                "flavor": ["chocolate", "peanut butter", "vanilla", "berry"],
+                "count": ["6 count", "12 count", "24 count"],
+            },
             (10, 45),
         ),
         "trail mix": (
@@ -150,9 +207,32 @@ _TYPES: dict[str, dict[str, tuple[list[str], dict[str, list[str]], tuple[float, 
 }
 
 _BRANDS = [
-    "Northwind", "Alder & Co", "Brightfield", "Cobalt Line", "Driftwood", "Evergreen", "Foxglove", "Granite Peak",
-    "Harbor", "Ironbark", "Juniper", "Kestrel", "Lumen", "Meadowlark", "Nimbus", "Oakridge", "Pinecrest", "Quill",
-    "Redwood", "Sierra", "Tidewater", "Umber", "Vantage", "Willow", "Yarrow", "Zephyr",
+    "Northwind",
+    "Alder & Co",
+    "Brightfield",
+    "Cobalt Line",
+    "Driftwood",
+    "Evergreen",
+    "Foxglove",
+    "Granite Peak",
+    "Harbor",
+    "Ironbark",
+    "Juniper",
+    "Kestrel",
+    "Lumen",
+    "Meadowlark",
+    "Nimbus",
+    "Oakridge",
+    "Pinecrest",
+    "Quill",
+    "Redwood",
+    "Sierra",
+    "Tidewater",
+    "Umber",
+    "Vantage",
+    "Willow",
+    "Yarrow",
+    "Zephyr",
 ]
 _PRICE_BOUNDS = [10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 90, 100, 120, 150, 200, 250, 300]
 
@@ -206,7 +286,9 @@ def _title(brand: str, product_type: str, attributes: list[str]) -> str:
     return " ".join([brand, *(a.title() for a in before), product_type.title(), *after])
 
 
-def _description(rng: random.Random, product_type: str, attributes: list[str], options: dict[str, tuple[str, ...]]) -> str:
+def _description(
+    rng: random.Random, product_type: str, attributes: list[str], options: dict[str, tuple[str, ...]]
+) -> str:
     openers = ["Meet your new favourite", "A dependable", "Designed for everyday use, this", "Our best-selling"]
     feature = ", ".join(attributes[:-1]) + (" and " if len(attributes) > 1 else "") + attributes[-1]
     choices = "; ".join(f"{dim}: {', '.join(values)}" for dim, values in options.items())

@@ -53,8 +53,10 @@ def click(element: str) -> str:
 class WebShopEnv(AgentEnv):
     """Find and buy the product the instruction describes in a local web shop."""
 
-    reward_doc = ("on buying, WebShop's score in [0, 1]: the share of the goal's attributes, options and price limit met, "
-                  "times the product-type match (1, 0.5, 0.1 or 0); 0.0 before that.")
+    reward_doc = (
+        "on buying, WebShop's score in [0, 1]: the share of the goal's attributes, options and price limit met, "
+        "times the product-type match (1, 0.5, 0.1 or 0); 0.0 before that."
+    )
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human", "screenshot"], "render_fps": 4}
     tools = (search, click)
     system_prompt = (
@@ -133,11 +135,15 @@ class WebShopEnv(AgentEnv):
         info["screenshot"] = self._last_screenshot
 
     # -- gymnasium API ----------------------------------------------------------------------
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         await super().areset(seed=seed, options=options)
         goal_seed = int((options or {}).get("goal_seed", self.np_random.integers(1 << 31)))
         await self._end_session()
-        async with self._client().post(urljoin(self.base_url, "/api/sessions"), json={"goal_seed": goal_seed}) as response:
+        async with self._client().post(
+            urljoin(self.base_url, "/api/sessions"), json={"goal_seed": goal_seed}
+        ) as response:
             created = await response.json()
         self._sid = created["session"]
         self._goal = make_goal(self.catalog, goal_seed)
@@ -157,14 +163,22 @@ class WebShopEnv(AgentEnv):
         if self._sid is None:
             return "Call reset() to start shopping.", 0.0, False, True, {"error": "reset needed"}
         if self._done:
-            return "The episode is over: you already bought a product. Call reset() to shop again.", 0.0, True, False, {}
+            return (
+                "The episode is over: you already bought a product. Call reset() to shop again.",
+                0.0,
+                True,
+                False,
+                {},
+            )
         self._steps += 1
         verb, argument, error = self._parse(action)
         reward, terminated, info = 0.0, False, {}
         if error is None:
             error, reward, terminated, info = await self._act(verb, argument)
         if error is None and self._extra_calls:
-            error_note = f"Note: one action per turn; only the first of your {self._extra_calls + 1} tool calls was run."
+            error_note = (
+                f"Note: one action per turn; only the first of your {self._extra_calls + 1} tool calls was run."
+            )
             self._obs = f"{error_note}\n\n{self._page.text}"
         else:
             self._obs = self._page.text if error is None else f"{error}\n\n{self._page.text}"
@@ -218,7 +232,12 @@ class WebShopEnv(AgentEnv):
                 return "Search is not available on this page: click [Back to Search] first.", 0.0, False, {}
             query = " ".join(argument.split())[:MAX_QUERY_CHARS]
             if not query:
-                return "Your search is empty: write what you are looking for, e.g. search[red cotton t-shirt].", 0.0, False, {}
+                return (
+                    "Your search is empty: write what you are looking for, e.g. search[red cotton t-shirt].",
+                    0.0,
+                    False,
+                    {},
+                )
             await self._load("GET", f"{form.action}?{urlencode({form.text_field or 'q': query})}")
             return None, 0.0, False, {}
         element = self._page.find(argument)
@@ -243,7 +262,12 @@ class WebShopEnv(AgentEnv):
         return {"available_actions": self._page.labels, "has_search": self._page.search_form is not None}
 
     async def _end_session(self) -> None:
-        if self._sid is None or self._http is None or self._http.closed or self._http_loop is not asyncio.get_running_loop():
+        if (
+            self._sid is None
+            or self._http is None
+            or self._http.closed
+            or self._http_loop is not asyncio.get_running_loop()
+        ):
             self._sid = None
             return
         try:

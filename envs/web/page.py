@@ -60,7 +60,9 @@ class ParsedPage:
         exact = [e for e in self.elements if normalize_label(e.label) == wanted]
         if exact:
             return exact[0]
-        by_value = [e for e in self.elements if ": " in e.label and normalize_label(e.label.split(": ", 1)[1]) == wanted]
+        by_value = [
+            e for e in self.elements if ": " in e.label and normalize_label(e.label.split(": ", 1)[1]) == wanted
+        ]
         return by_value[0] if len(by_value) == 1 else None
 
 
@@ -88,7 +90,12 @@ class _PageParser(HTMLParser):
         if tag == "a" and "href" in attr:
             self._link, self._link_text = attr, []
         elif tag == "form":
-            self._form = {"action": attr.get("action", ""), "method": attr.get("method", "get").lower(), "fields": [], "text": None}
+            self._form = {
+                "action": attr.get("action", ""),
+                "method": attr.get("method", "get").lower(),
+                "fields": [],
+                "text": None,
+            }
         elif tag == "input" and self._form is not None:
             kind = attr.get("type", "text").lower()
             if kind == "hidden":

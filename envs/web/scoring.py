@@ -56,4 +56,6 @@ def score_purchase(goal: Goal, product: Product, selected: dict[str, str]) -> Sc
     factor = type_factor(goal, product)
     total = len(goal.attributes) + len(goal.options) + 1
     reward = (attribute_hits + option_hits + int(price_ok)) / total * factor
-    return Score(round(reward, 6), attribute_hits, len(goal.attributes), option_hits, len(goal.options), price_ok, factor)
+    return Score(
+        round(reward, 6), attribute_hits, len(goal.attributes), option_hits, len(goal.options), price_ok, factor
+    )

@@ -33,7 +33,17 @@ def tokenize(text: str) -> list[str]:
 def _document(product: Product) -> list[str]:
     # The title counts twice: it is what a shopper's words most often match.
     options = " ".join(v for values in product.options.values() for v in values)
-    text = " ".join([product.title, product.title, product.category, " ".join(product.attributes), options, product.description, product.asin])
+    text = " ".join(
+        [
+            product.title,
+            product.title,
+            product.category,
+            " ".join(product.attributes),
+            options,
+            product.description,
+            product.asin,
+        ]
+    )
     return tokenize(text)
 
 
@@ -84,7 +94,7 @@ class SearchIndex:
         pages = max(1, math.ceil(len(ranked) / PAGE_SIZE))
         page = min(max(1, page), pages)
         start = (page - 1) * PAGE_SIZE
-        return Page(query, page, pages, len(ranked), ranked[start:start + PAGE_SIZE])
+        return Page(query, page, pages, len(ranked), ranked[start : start + PAGE_SIZE])
 
 
 @lru_cache(maxsize=4)

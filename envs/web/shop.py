@@ -60,23 +60,27 @@ class Shop:
     def app(self) -> web.Application:
         """The aiohttp application serving this shop."""
         app = web.Application()
-        app.add_routes([
-            web.get("/", self.index_redirect),
-            web.post("/api/sessions", self.api_create),
-            web.get("/api/sessions/{sid}", self.api_state),
-            web.delete("/api/sessions/{sid}", self.api_delete),
-            web.get("/s/{sid}/", self.home),
-            web.get("/s/{sid}/search", self.search),
-            web.get("/s/{sid}/item/{asin}", self.item),
-            web.post("/s/{sid}/buy", self.buy),
-            web.get("/s/{sid}/done", self.done),
-        ])
+        app.add_routes(
+            [
+                web.get("/", self.index_redirect),
+                web.post("/api/sessions", self.api_create),
+                web.get("/api/sessions/{sid}", self.api_state),
+                web.delete("/api/sessions/{sid}", self.api_delete),
+                web.get("/s/{sid}/", self.home),
+                web.get("/s/{sid}/search", self.search),
+                web.get("/s/{sid}/item/{asin}", self.item),
+                web.post("/s/{sid}/buy", self.buy),
+                web.get("/s/{sid}/done", self.done),
+            ]
+        )
         return app
 
     def _session(self, request: web.Request) -> ShopSession:
         session = self.sessions.get(request.match_info["sid"])
         if session is None:
-            raise web.HTTPNotFound(text=views.error_page("This shopping session does not exist or has expired."), content_type=_HTML)
+            raise web.HTTPNotFound(
+                text=views.error_page("This shopping session does not exist or has expired."), content_type=_HTML
+            )
         return session
 
     @staticmethod
@@ -101,7 +105,13 @@ class Shop:
     async def api_state(self, request: web.Request) -> web.Response:
         session = self._session(request)
         score = session.score.as_dict() if session.score else None
-        return web.json_response({"instruction": session.goal.instruction if session.goal else "", "purchase": session.purchase, "score": score})
+        return web.json_response(
+            {
+                "instruction": session.goal.instruction if session.goal else "",
+                "purchase": session.purchase,
+                "score": score,
+            }
+        )
 
     async def api_delete(self, request: web.Request) -> web.Response:
         self.sessions.pop(request.match_info["sid"], None)
@@ -166,7 +176,9 @@ class Shop:
 class ShopServer:
     """The shop served on `host` (default 127.0.0.1) and a free port, from its own thread and event loop."""
 
-    def __init__(self, catalog_seed: int = 0, n_products: int = 1200, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, catalog_seed: int = 0, n_products: int = 1200, *, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.shop = Shop(build_catalog(catalog_seed, n_products))
         self.host, self.port = host, port
         self._loop: asyncio.AbstractEventLoop | None = None

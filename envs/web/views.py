@@ -72,7 +72,9 @@ def results_page(sid: str, goal: Goal | None, page: Page) -> str:
         )
     if not items:
         items.append('<div class="card">No products matched your search. Try other words.</div>')
-    summary = f"<p>Page {page.page} of {page.pages} (total results: {page.total}) for &quot;{escape(page.query)}&quot;</p>"
+    summary = (
+        f"<p>Page {page.page} of {page.pages} (total results: {page.total}) for &quot;{escape(page.query)}&quot;</p>"
+    )
     body = f'<div class="nav">{"".join(nav)}</div>{summary}{"".join(items)}'
     return _layout(f"Results for {page.query}", goal, body)
 
@@ -94,7 +96,12 @@ def product_page(sid: str, goal: Goal | None, product: Product, query: str, page
         option_rows.append(f'<div><span aria-hidden="true">{escape(dim)}: </span>{" ".join(links)}</div>')
     hidden = "".join(
         f'<input type="hidden" name="{escape(name)}" value="{escape(str(value))}">'
-        for name, value in {"asin": product.asin, "q": query, "page": page, **{f"opt.{d}": v for d, v in selected.items()}}.items()
+        for name, value in {
+            "asin": product.asin,
+            "q": query,
+            "page": page,
+            **{f"opt.{d}": v for d, v in selected.items()},
+        }.items()
     )
     body = (
         f'{nav}<div class="card"><h2>{escape(product.title)}</h2>'
@@ -113,7 +120,8 @@ def done_page(goal: Goal | None, product: Product, selected: dict[str, str], sco
         f'<div class="card"><h2>Thank you for shopping with us!</h2>'
         f"<p>You bought: {escape(product.title)} ({product.asin}) for ${product.price:.2f}</p>"
         f"<p>Options: {escape(options)}</p>"
-        f'<p class="score" id="score" data-reward="{score.reward}">Your score (min 0.0, max 1.0): {score.reward:.2f}</p>'
+        f'<p class="score" id="score" data-reward="{score.reward}">Your score (min 0.0, max 1.0): '
+        f'{score.reward:.2f}</p>'
         '<p><a href="/">Start a new shopping session</a></p></div>'
     )
     return _layout("Purchase complete", goal, body)
@@ -121,4 +129,6 @@ def done_page(goal: Goal | None, product: Product, selected: dict[str, str], sco
 
 def error_page(message: str) -> str:
     """A readable error page (unknown session, product, bad request)."""
-    return _layout("Not found", None, f'<div class="card"><p>{escape(message)}</p><p><a href="/">Start over</a></p></div>')
+    return _layout(
+        "Not found", None, f'<div class="card"><p>{escape(message)}</p><p><a href="/">Start over</a></p></div>'
+    )

@@ -17,26 +17,56 @@ spec.loader.exec_module(parity)
 
 
 def test_set_overrides_reach_the_config_and_mode_seed_steps_win():
-    config = parity.build_config(str(ROOT / "configs" / "ci-tiny.yaml"), ["algorithm.lr=2e-3", "rollout.group_size=4"],
-                                 mode="sync", seed=7, steps=3, eval_episodes=5, temperature=0.0)
+    config = parity.build_config(
+        str(ROOT / "configs" / "ci-tiny.yaml"),
+        ["algorithm.lr=2e-3", "rollout.group_size=4"],
+        mode="sync",
+        seed=7,
+        steps=3,
+        eval_episodes=5,
+        temperature=0.0,
+    )
     assert config.algorithm.lr == pytest.approx(2e-3) and config.rollout.group_size == 4
-    assert (config.algorithm.mode, config.seed, config.budget.steps, config.budget.checkpoint_every) == ("sync", 7, 3, 3)
+    assert (config.algorithm.mode, config.seed, config.budget.steps, config.budget.checkpoint_every) == (
+        "sync",
+        7,
+        3,
+        3,
+    )
     assert (config.evaluation.episodes, config.evaluation.temperature) == (5, 0.0)
     assert config.budget.max_time_s == 0  # equal steps: the config's time limit would cut the slower mode short
-    timed = parity.build_config(str(ROOT / "configs" / "parity-smollm2.yaml"), [], mode="async", seed=0, steps=3,
-                                eval_episodes=5, temperature=0.0, max_time_s=60)
+    timed = parity.build_config(
+        str(ROOT / "configs" / "parity-smollm2.yaml"),
+        [],
+        mode="async",
+        seed=0,
+        steps=3,
+        eval_episodes=5,
+        temperature=0.0,
+        max_time_s=60,
+    )
     assert timed.budget.max_time_s == 60
 
 
-@pytest.mark.parametrize("assignment, message", [
-    ("algorithm.lr", "not KEY=VALUE"),
-    ("seed.x=1", "'seed' is not a section"),
-    ("algorithm.lrr=1", "lrr"),
-])
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("algorithm.lr", "not KEY=VALUE"),
+        ("seed.x=1", "'seed' is not a section"),
+        ("algorithm.lrr=1", "lrr"),
+    ],
+)
 def test_bad_overrides_are_named(assignment, message):
     with pytest.raises(ConfigError, match=message):
-        parity.build_config(str(ROOT / "configs" / "ci-tiny.yaml"), [assignment], mode="sync", seed=0, steps=1,
-                            eval_episodes=1, temperature=1.0)
+        parity.build_config(
+            str(ROOT / "configs" / "ci-tiny.yaml"),
+            [assignment],
+            mode="sync",
+            seed=0,
+            steps=1,
+            eval_episodes=1,
+            temperature=1.0,
+        )
 
 
 def test_summary_pairs_seeds_and_reports_standard_errors():
@@ -56,9 +86,26 @@ def test_summary_pairs_seeds_and_reports_standard_errors():
 @pytest.mark.slow
 def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path):
     out = tmp_path / "parity.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learning_parity.py"), "--steps", "2", "--seeds", "0",
-                           "--eval-episodes", "4", "--set", "rollout.group_size=4", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "learning_parity.py"),
+            "--steps",
+            "2",
+            "--seeds",
+            "0",
+            "--eval-episodes",
+            "4",
+            "--set",
+            "rollout.group_size=4",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     for mode in ("sync", "async"):

@@ -1,4 +1,5 @@
-"""The CLI as a new env author meets it: `info` shows kwargs and reward, `play` errors are one line, pipes echo, the demo fails loudly."""
+"""The CLI as a new env author meets it: `info` shows kwargs and reward, `play` errors are one line, pipes echo, the
+demo fails loudly."""
 
 import io
 import subprocess
@@ -7,10 +8,10 @@ import sys
 import pytest
 
 import envhub
-from envhub.cli.main import main
 from envhub.cli.demo import main as demo_main
-from envhub.envinfo import constructor_kwargs
+from envhub.cli.main import main
 from envhub.cli.play import play
+from envhub.envinfo import constructor_kwargs
 
 
 @pytest.mark.parametrize("env_id", [s.id for s in envhub.list_envs() if s.source == "envhub"])
@@ -36,10 +37,18 @@ def test_info_shows_types_defaults_and_registered_values(capsys):
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
-        ("{bad", "envhub: error: --kwargs is not valid JSON (Expecting property name enclosed in double quotes at column 2): {bad"),
+        (
+            "{bad",
+            "envhub: error: --kwargs is not valid JSON (Expecting property name enclosed in double quotes at column "
+            "2): {bad",
+        ),
         ("[1, 2]", "envhub: error: --kwargs must be a JSON object, got list"),
         ('{"slipery": true}', "envhub: error: FrozenLake-v0: unknown kwarg 'slipery'; did you mean 'slippery'?"),
-        ('{"size": 1}', 'envhub: error: cannot build FrozenLake-v0 with kwargs {"size": 1}: FrozenLake size must be at least 2, got 1'),
+        (
+            '{"size": 1}',
+            'envhub: error: cannot build FrozenLake-v0 with kwargs {"size": 1}: FrozenLake size must be at least 2, '
+            'got 1',
+        ),
     ],
 )
 def test_play_kwargs_errors_are_one_line_and_exit_non_zero(kwargs, expected, capsys):
@@ -56,11 +65,20 @@ def test_play_from_a_pipe_echoes_each_action():
 
 
 def test_play_through_a_real_pipe_echoes_and_bad_kwargs_print_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", "play", "FrozenLake-v0", "--seed", "1"],
-                          input="right\n", capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "play", "FrozenLake-v0", "--seed", "1"],
+        input="right\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "> right" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "play", "Sokoban-v0", "--kwargs", '{"dim": "big"}'],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "play", "Sokoban-v0", "--kwargs", '{"dim": "big"}'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.splitlines()[0].endswith("Sokoban dim must be an integer or a [height, width] pair, got 'big'")
 
@@ -68,8 +86,12 @@ def test_play_through_a_real_pipe_echoes_and_bad_kwargs_print_no_traceback():
 def test_demo_exits_non_zero_when_a_row_fails(capsys):
     assert demo_main(["--envs", "FrozenLake-v0", "NoSuchEnv-v0", "--episodes", "1"]) == 1
     assert "1 of 3 rows failed: NoSuchEnv-v0" in capsys.readouterr().out
-    done = subprocess.run([sys.executable, "-m", "envhub.cli.demo", "--envs", "NoSuchEnv-v0", "--episodes", "1"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.demo", "--envs", "NoSuchEnv-v0", "--episodes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
 
 
@@ -88,6 +110,9 @@ def test_info_of_an_env_with_a_required_kwarg_lists_it_and_fails_in_one_line(cap
     assert main(["info", "NeedsLevel-v0"]) == 2
     captured = capsys.readouterr()
     assert "  level: int\n  hard: bool = False\n" in captured.out
-    assert captured.err.startswith("envhub: error: cannot build NeedsLevel-v0 without kwargs") and "Traceback" not in captured.err
+    assert (
+        captured.err.startswith("envhub: error: cannot build NeedsLevel-v0 without kwargs")
+        and "Traceback" not in captured.err
+    )
     assert main(["play", "NeedsLevel-v0", "--kwargs", '{"levl": 2}']) == 2
     assert "unknown kwarg 'levl'; did you mean 'level'?" in capsys.readouterr().err

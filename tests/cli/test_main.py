@@ -7,12 +7,13 @@ import sys
 import envhub
 from envhub.cli.main import main
 from envhub.cli.play import play
-
 from tests.test_registry import Echo
 
 
 def run_cli(*args, stdin=""):
-    return subprocess.run([sys.executable, "-m", "envhub.cli.main", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_list_shows_builtins_and_filters_by_tag(capsys):

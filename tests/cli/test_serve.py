@@ -23,12 +23,25 @@ def test_serve_refuses_a_public_address_without_a_token(capsys, monkeypatch):
     monkeypatch.delenv("ENVHUB_TOKEN", raising=False)
     assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
     err = capsys.readouterr().err
-    assert "refusing to serve on 0.0.0.0 without a token" in err and "ENVHUB_TOKEN" in err and len(err.strip().splitlines()) <= 2
+    assert (
+        "refusing to serve on 0.0.0.0 without a token" in err
+        and "ENVHUB_TOKEN" in err
+        and len(err.strip().splitlines()) <= 2
+    )
 
 
 def test_serve_help_lists_the_endpoints():
-    out = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--help"], capture_output=True, text=True, check=True).stdout
-    for needle in ("GET    /health", "POST   /sessions/{id}/step", "DELETE /sessions/{id}", "--unsafe-allow-local-backend", "--import", "--token"):
+    out = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "serve", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for needle in (
+        "GET    /health",
+        "POST   /sessions/{id}/step",
+        "DELETE /sessions/{id}",
+        "--unsafe-allow-local-backend",
+        "--import",
+        "--token",
+    ):
         assert needle in out
 
 
@@ -39,7 +52,8 @@ def _free_port() -> int:
 
 
 def test_serve_import_serves_envs_from_a_user_module(tmp_path):
-    (tmp_path / "my_envs.py").write_text(textwrap.dedent("""\
+    (tmp_path / "my_envs.py").write_text(
+        textwrap.dedent("""\
         import envhub
 
         class Echo(envhub.AgentEnv):
@@ -52,11 +66,29 @@ def test_serve_import_serves_envs_from_a_user_module(tmp_path):
                 return action.upper() if self.loud else action, 1.0, True, False, {}
 
         envhub.register("Echo-v0", Echo)
-        """))
+        """)
+    )
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "ENVHUB_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve", "--port", str(port), "--import", "my_envs", "--allow-kwarg", "Echo-v0:loud"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "envhub.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--import",
+            "my_envs",
+            "--allow-kwarg",
+            "Echo-v0:loud",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert "serving every registered env" in proc.stdout.readline()
         remote = RemoteEnv(f"http://127.0.0.1:{port}", "Echo-v0", loud=True)
@@ -78,8 +110,14 @@ def test_serve_import_serves_envs_from_a_user_module(tmp_path):
         proc.kill()
         proc.wait(timeout=10)
         proc.stdout.close()
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--port", str(port), "--import", "no_such_module_here"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "serve", "--port", str(port), "--import", "no_such_module_here"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--import no_such_module_here" in bad.stderr
 
 

@@ -38,7 +38,9 @@ def test_validate_reports_one_line_per_problem(tmp_path, base_image, capsys):
         dataclasses.replace(rest[0], instance_id="bad-commit", base_commit="0" * 40),
         dataclasses.replace(rest[1], instance_id="no-repo", repo="nobody/nothing"),
         dataclasses.replace(rest[2], instance_id="bad-gold", patch=BAD_PATCH),
-        dataclasses.replace(rest[3], instance_id="passes-before", FAIL_TO_PASS=rest[3].FAIL_TO_PASS + rest[3].PASS_TO_PASS[:1]),
+        dataclasses.replace(
+            rest[3], instance_id="passes-before", FAIL_TO_PASS=rest[3].FAIL_TO_PASS + rest[3].PASS_TO_PASS[:1]
+        ),
         dataclasses.replace(rest[4], instance_id="bad-tests", test_patch=BAD_PATCH),
     ]
     tasks = tmp_path / "tasks.jsonl"

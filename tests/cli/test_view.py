@@ -1,7 +1,6 @@
 """`envhub view`: the run's page served on 127.0.0.1, read by the real aiohttp client and by headless Chromium."""
 
 import asyncio
-import json
 import os
 import tempfile
 
@@ -12,11 +11,11 @@ from aiohttp import web
 from matplotlib import image
 
 from envhub.cli.main import main
+from envhub.cli.view import make_app
 from envhub.envs.web import browser
 from envhub.trainer.metrics import MetricsLogger
 from envhub.trainer.records import EpisodeRecorder
 from envhub.trainer.trajectory import Trajectory
-from envhub.cli.view import make_app
 
 OBSERVATION = "The warehouse has 3 boxes and a locked door"
 
@@ -25,13 +24,34 @@ def write_run(run_dir):
     """A run record written by the trainer's own recorder and metrics logger."""
     recorder = EpisodeRecorder(run_dir)
     for i, (task, reward) in enumerate([("Sokoban-v0", 0.0), ("Sokoban-v0", 1.0), ("Math-v0", 1.0)]):
-        recorder.episode(Trajectory(
-            input_ids=[1, 2], loss_mask=[0, 1], behavior_logprobs=[0.0, -0.3], versions=[-1, 0], reward=reward, task=task,
-            group_id=f"g{i // 2}", seed=11 + i, turns=1, finish_reason="terminated",
-            turn_log=[{"kind": "reset", "observation": OBSERVATION, "env_s": 0.01},
-                      {"kind": "turn", "text": 'I push <tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>',
-                       "generate_s": 0.4, "new_tokens": 9, "engine_finish": "stop", "env_s": 0.02,
-                       "observation": "You pushed a box onto a target.", "reward": reward}]), step=i // 2)
+        recorder.episode(
+            Trajectory(
+                input_ids=[1, 2],
+                loss_mask=[0, 1],
+                behavior_logprobs=[0.0, -0.3],
+                versions=[-1, 0],
+                reward=reward,
+                task=task,
+                group_id=f"g{i // 2}",
+                seed=11 + i,
+                turns=1,
+                finish_reason="terminated",
+                turn_log=[
+                    {"kind": "reset", "observation": OBSERVATION, "env_s": 0.01},
+                    {
+                        "kind": "turn",
+                        "text": 'I push <tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>',
+                        "generate_s": 0.4,
+                        "new_tokens": 9,
+                        "engine_finish": "stop",
+                        "env_s": 0.02,
+                        "observation": "You pushed a box onto a target.",
+                        "reward": reward,
+                    },
+                ],
+            ),
+            step=i // 2,
+        )
     recorder.group("g0", "Sokoban-v0", "trained", 1)
     recorder.close(step=1)
     metrics = MetricsLogger(run_dir, tensorboard=False)
@@ -70,8 +90,14 @@ async def _chromium(*args):
     path = browser.find_chromium()
     with tempfile.TemporaryDirectory() as profile:
         process = await asyncio.create_subprocess_exec(
-            path, *browser._FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000", *args,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+            path,
+            *browser._FLAGS,
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         out, _ = await asyncio.wait_for(process.communicate(), timeout=90)
     return out.decode()
 

@@ -1,4 +1,5 @@
-"""Every registered single-agent env passes gymnasium's checker; the bundled games are seeded and robust to bad actions."""
+"""Every registered single-agent env passes gymnasium's checker; the bundled games are seeded and robust to bad
+actions."""
 
 import gymnasium as gym
 import pytest

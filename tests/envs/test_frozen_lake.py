@@ -39,7 +39,9 @@ def test_falling_into_a_hole_ends_with_zero_and_edges_stop_you():
     obs, reward, terminated, _, info = env.step("up")
     assert "bumped into the edge" in obs and info["position"] == (0, 0) and not terminated
     env.grid = ["SHFF", "FFFF", "FFFF", "FFFG"]
-    obs, reward, terminated, _, info = env.step('<tool_call>{"name": "move", "arguments": {"direction": "right"}}</tool_call>')
+    obs, reward, terminated, _, info = env.step(
+        '<tool_call>{"name": "move", "arguments": {"direction": "right"}}</tool_call>'
+    )
     assert reward == 0.0 and terminated and info["fell"] and "fell into a hole" in obs
 
 

@@ -22,11 +22,29 @@ def test_oracle_scores_one_on_200_seeds_across_kinds_and_difficulties():
 @pytest.mark.parametrize(
     "written, value",
     [
-        ("0.5", Fraction(1, 2)), ("1/2", Fraction(1, 2)), ("\\frac{1}{2}", Fraction(1, 2)), ("2/4", Fraction(1, 2)),
-        ("\\dfrac{2}{4}", Fraction(1, 2)), (".50", Fraction(1, 2)), ("1,000", 1000), ("1000", 1000), ("$1,000.00", 1000),
-        ("x = 5", 5), ("x=-5", -5), ("1 1/2", Fraction(3, 2)), ("1\\frac{1}{2}", Fraction(3, 2)), ("$12.50", Fraction(25, 2)),
-        ("\\$12.50", Fraction(25, 2)), ("-\\frac{3}{4}", Fraction(-3, 4)), ("25%", 25), ("12 apples", 12), ("−7", -7),
-        ("\\text{12 dollars}", 12), ("7/3", Fraction(7, 3)), ("1e3", 1000), ("2.5E-1", Fraction(1, 4)),
+        ("0.5", Fraction(1, 2)),
+        ("1/2", Fraction(1, 2)),
+        ("\\frac{1}{2}", Fraction(1, 2)),
+        ("2/4", Fraction(1, 2)),
+        ("\\dfrac{2}{4}", Fraction(1, 2)),
+        (".50", Fraction(1, 2)),
+        ("1,000", 1000),
+        ("1000", 1000),
+        ("$1,000.00", 1000),
+        ("x = 5", 5),
+        ("x=-5", -5),
+        ("1 1/2", Fraction(3, 2)),
+        ("1\\frac{1}{2}", Fraction(3, 2)),
+        ("$12.50", Fraction(25, 2)),
+        ("\\$12.50", Fraction(25, 2)),
+        ("-\\frac{3}{4}", Fraction(-3, 4)),
+        ("25%", 25),
+        ("12 apples", 12),
+        ("−7", -7),
+        ("\\text{12 dollars}", 12),
+        ("7/3", Fraction(7, 3)),
+        ("1e3", 1000),
+        ("2.5E-1", Fraction(1, 4)),
     ],
 )
 def test_equivalent_forms_parse_to_the_same_exact_value(written, value):
@@ -58,10 +76,13 @@ def test_every_accepted_form_of_the_right_answer_scores_one_and_wrong_ones_zero(
     env = MathEnv(kind="linear", difficulty=3)
     env.reset(seed=11)
     answer = env.answer
-    forms = [f"\\boxed{{{format_number(answer)}}}", f"Answer: x = {answer.numerator}/{answer.denominator}",
-             f"<answer>{2 * answer.numerator}/{2 * answer.denominator}</answer>",
-             f'<tool_call>{{"name": "submit", "arguments": {{"answer": "{answer}"}}}}</tool_call>',
-             f"I get {answer.numerator}/{answer.denominator}"]
+    forms = [
+        f"\\boxed{{{format_number(answer)}}}",
+        f"Answer: x = {answer.numerator}/{answer.denominator}",
+        f"<answer>{2 * answer.numerator}/{2 * answer.denominator}</answer>",
+        f'<tool_call>{{"name": "submit", "arguments": {{"answer": "{answer}"}}}}</tool_call>',
+        f"I get {answer.numerator}/{answer.denominator}",
+    ]
     for form in forms:
         env.reset(seed=11)
         assert env.step(form)[1] == 1.0, form

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from envhub.agents import ExpertAgent
 from envhub.envs.shell_quiz import ShellQuizEnv
 from envhub.errors import ConfigError
-from envhub.agents import ExpertAgent
 
 
 def call(name, **arguments):
@@ -37,7 +37,9 @@ async def test_envhub_collect_records_the_experts_tool_calls(docker_pool, tmp_pa
     demos = await collect("ShellQuiz-v0", 2, tmp_path / "quiz.jsonl", pool=docker_pool)
     assert [d.reward for d in demos] == [1.0, 1.0] and len((tmp_path / "quiz.jsonl").read_text().splitlines()) == 2
     bash_turn, submit_turn = demos[0].messages[2]["content"], demos[0].messages[4]["content"]
-    assert bash_turn.startswith('<tool_call>{"name": "bash", "arguments": {"command": ') and bash_turn.endswith("}}</tool_call>")
+    assert bash_turn.startswith('<tool_call>{"name": "bash", "arguments": {"command": ') and bash_turn.endswith(
+        "}}</tool_call>"
+    )
     assert parse_tool_calls(submit_turn).calls[0].name == "submit"
     assert [t["function"]["name"] for t in demos[0].tools] == ["bash", "submit"]
 

@@ -44,7 +44,13 @@ def test_moves_change_the_state_and_walls_block():
     obs, reward, terminated, _, info = env.step(move)
     assert obs.startswith("You moved " + move) and not info["invalid_action"] and reward == 0.0
     offsets = {"up": -env.width, "down": env.width, "left": -1, "right": 1}
-    blocked = [(seed, d) for seed in range(30) if env.reset(seed=seed) for d, o in offsets.items() if env.state[0] + o in env.walls]
+    blocked = [
+        (seed, d)
+        for seed in range(30)
+        if env.reset(seed=seed)
+        for d, o in offsets.items()
+        if env.state[0] + o in env.walls
+    ]
     seed, direction = blocked[0]
     env.reset(seed=seed)
     state = env.state
@@ -79,7 +85,11 @@ def test_shaped_rewards_for_pushing_onto_and_off_targets():
     assert reward == pytest.approx(0.1) and not terminated and info["boxes_on_target"] == 1
     unshaped = SokobanEnv(dim=5, num_boxes=2, min_solution_length=1)
     unshaped.reset(seed=0)
-    unshaped.walls, unshaped.targets, unshaped.state = env.walls, env.targets, (1 * w + 1, frozenset({1 * w + 2, 3 * w + 2}))
+    unshaped.walls, unshaped.targets, unshaped.state = (
+        env.walls,
+        env.targets,
+        (1 * w + 1, frozenset({1 * w + 2, 3 * w + 2})),
+    )
     assert unshaped.step("right")[1] == 0.0
 
 

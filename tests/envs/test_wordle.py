@@ -47,7 +47,9 @@ def test_oracle_answer_wins_in_one_guess():
     env = WordleEnv()
     for seed in range(10):
         env.reset(seed=seed)
-        obs, reward, terminated, _, info = env.step(f'<tool_call>{{"name": "guess", "arguments": {{"word": "{env.answer}"}}}}</tool_call>')
+        obs, reward, terminated, _, info = env.step(
+            f'<tool_call>{{"name": "guess", "arguments": {{"word": "{env.answer}"}}}}</tool_call>'
+        )
         assert reward == 1.0 and terminated and info["success"] and "in 1 guess!" in obs
 
 
@@ -79,7 +81,7 @@ def test_brackets_last_wins_and_a_lone_word_counts_and_running_out_ends_the_game
     env = WordleEnv(max_guesses=2)
     env.reset(seed=1)
     wrong = [w for w in ("crane", "moist") if w != env.answer]
-    obs, *_ , info = env.step(f"Maybe [house]... no, [{wrong[0]}]")
+    obs, *_, info = env.step(f"Maybe [house]... no, [{wrong[0]}]")
     assert info["history"][0][0] == wrong[0] and obs.startswith(wrong[0].upper())
     obs, reward, terminated, _, info = env.step(f"  {wrong[-1].upper()}. ")
     assert terminated and reward == 0.0 and f"The word was {env.answer.upper()}" in obs

@@ -49,7 +49,11 @@ async def test_upload_dir_then_git_and_pytest(pool, tmp_path):
     (tmp_path / "pkg" / "test_x.py").write_text("def test_ok():\n    assert 1 + 1 == 2\n")
     async with pool.acquire() as sb:
         await sb.upload_dir(tmp_path / "pkg", "/workspace/repo")
-        r = await sb.exec("git init -q && git add -A && git -c user.email=a@b -c user.name=a commit -qm init && python3 -m pytest -q", cwd="/workspace/repo", timeout=60)
+        r = await sb.exec(
+            "git init -q && git add -A && git -c user.email=a@b -c user.name=a commit -qm init && python3 -m pytest -q",
+            cwd="/workspace/repo",
+            timeout=60,
+        )
         assert r.exit_code == 0, r.stdout + r.stderr
         assert "1 passed" in r.stdout
 
@@ -70,7 +74,9 @@ async def test_reset_clears_workspace_and_processes(pool):
         await sb.write_file("/workspace/f.txt", "x")
         await sb.exec("(sleep 300 > /dev/null 2>&1 &); true", timeout=10)
         await sb.reset()
-        r = await sb.exec("ls -A /workspace | wc -l; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10)
+        r = await sb.exec(
+            "ls -A /workspace | wc -l; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10
+        )
         assert r.stdout.split() == ["0", "0"]
 
 

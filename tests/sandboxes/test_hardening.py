@@ -40,7 +40,11 @@ async def test_no_network_to_host_loopback(pool):
     port = server.sockets[0].getsockname()[1]
     try:
         async with pool.acquire() as sb:
-            r = await sb.exec(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('connected')\"", timeout=20)
+            r = await sb.exec(
+                f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); "
+                f"print('connected')\"",
+                timeout=20,
+            )
         # and the host really was listening: a connection from here succeeds
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.close()
@@ -70,7 +74,9 @@ async def test_memory_hog_is_oom_killed_and_reported(pool):
 
 async def test_disk_fill_hits_the_size_cap(pool):
     async with pool.acquire() as sb:
-        r = await sb.exec("dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1; stat -c %s /workspace/big", timeout=60)
+        r = await sb.exec(
+            "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1; stat -c %s /workspace/big", timeout=60
+        )
         size = int(r.stdout.split()[-1])
         assert "No space left" in r.stdout or "File too large" in r.stdout
         assert size <= (LIMITS.workdir_mb + LIMITS.tmp_mb) * 2**20
@@ -89,7 +95,10 @@ async def test_huge_stdout_is_capped_and_memory_bounded(pool):
 
 async def test_sigterm_ignoring_tree_is_killed_on_timeout(pool):
     marker = "4242.25"
-    program = f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.fork(); os.setsid(); time.sleep({marker})"
+    program = (
+        f"import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.fork(); os.setsid(); "
+        f"time.sleep({marker})"
+    )
     async with pool.acquire() as sb:
         r = await sb.exec(f"python3 -c '{program}' & python3 -c '{program}'", timeout=1)
         assert r.timed_out and r.duration < 15

@@ -75,12 +75,16 @@ async def test_image_layout_runs_as_root_without_capabilities(base_image):
     async with MultiImagePool("docker", spares_budget=0) as pools:
         layout = ImageLayout(path_prefix=("/opt/envhub-test/bin",))
         async with pools.acquire(base_image, layout) as sb:
-            r = await sb.exec("id -u; grep CapEff /proc/self/status; echo $PATH; touch /usr/envhub-was-here && echo wrote", timeout=20)
+            r = await sb.exec(
+                "id -u; grep CapEff /proc/self/status; echo $PATH; touch /usr/envhub-was-here && echo wrote", timeout=20
+            )
             assert r.stdout.split()[0] == "0" and "CapEff:\t0000000000000000" in r.stdout
             assert r.stdout.splitlines()[2].startswith("/opt/envhub-test/bin:") and "wrote" in r.stdout
             denied = await sb.exec("touch /tmp/f && chown 1:1 /tmp/f", timeout=20)
             assert denied.exit_code != 0  # CAP_CHOWN dropped
-            offline = await sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20)
+            offline = await sb.exec(
+                "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20
+            )
             assert offline.exit_code != 0
         async with pools.acquire(base_image, layout) as sb:
             assert (await sb.exec("test -e /usr/envhub-was-here", timeout=20)).exit_code == 1  # a fresh container

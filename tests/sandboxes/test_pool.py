@@ -1,10 +1,8 @@
 """SandboxPool: warm spares, back-pressure, clean hand-outs, health checks, orphan cleanup, metrics."""
 
 import asyncio
-import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -37,7 +35,9 @@ async def test_next_user_sees_nothing_of_the_previous_episode(pool):
         await first.exec("echo secret > /workspace/s.txt; echo secret > /tmp/s.txt; (sleep 300 &) ; true", timeout=10)
     async with pool.acquire() as second:
         assert second is not first
-        r = await second.exec("ls -A /workspace /tmp; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10)
+        r = await second.exec(
+            "ls -A /workspace /tmp; ps -eo args --no-headers | grep -c '[s]leep 300' || true", timeout=10
+        )
     assert "s.txt" not in r.stdout
     assert r.stdout.strip().endswith("0")
 
@@ -104,7 +104,13 @@ async def test_gc_and_pool_start_remove_orphans_of_a_crashed_process(base_image,
 async def test_pool_start_removes_orphans(base_image):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    container = shared_client().containers.run(base_image, ["sleep", "infinity"], detach=True, network_mode="none", labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)})
+    container = shared_client().containers.run(
+        base_image,
+        ["sleep", "infinity"],
+        detach=True,
+        network_mode="none",
+        labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)},
+    )
     async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
         pass
     assert not shared_client().api.containers(all=True, filters={"id": container.id})

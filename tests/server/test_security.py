@@ -70,17 +70,28 @@ class GoodClient:
 
 def bundled_single_agent_ids() -> list[str]:
     """Every env envhub ships (not ones tests register), single-agent: what a server serves by default."""
-    return [s.id for s in envhub.list_envs() if s.source == "envhub" and not s.multiagent and isinstance(s.entry_point, str)
-            and s.entry_point.startswith("envhub.")]
+    return [
+        s.id
+        for s in envhub.list_envs()
+        if s.source == "envhub"
+        and not s.multiagent
+        and isinstance(s.entry_point, str)
+        and s.entry_point.startswith("envhub.")
+    ]
 
 
 def hostile_values(rule) -> list:
     """Values the rule must refuse: wrong types, just outside each bound, far outside, traversal strings."""
     values = [{"nested": {"x": 1}}, "../../../../etc/passwd"]
     if rule.choices is not None:
-        return values + ["not-a-choice", 10**9, -1.5, True if None in rule.choices and False not in rule.choices else [1]]
+        return values + [
+            "not-a-choice",
+            10**9,
+            -1.5,
+            True if None in rule.choices and False not in rule.choices else [1],
+        ]
     if rule.min is not None:
-        values += [rule.min - 1, -10**12, math.nan]
+        values += [rule.min - 1, -(10**12), math.nan]
     if rule.max is not None:
         values += [rule.max + 1, 10**12]
     if rule.max_length is not None:
@@ -118,22 +129,43 @@ async def test_every_kwarg_of_every_bundled_env_is_refused_or_bounded(serve):
             rule = rules.client_kwargs.get(name) if rules else None
             if rule is None:  # not client-settable: whatever the value, 403 naming the kwarg and the flag
                 for value in ("local", "../../../../etc", 10**9, None):
-                    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": env_id, "kwargs": {name: value}})
+                    status, body, _ = await call(
+                        running.url, "POST", "/sessions", json={"env_id": env_id, "kwargs": {name: value}}
+                    )
                     tried += 1
                     refused += status == 403
-                    assert status == 403 and repr(name) in body["error"] and "--allow-kwarg" in body["hint"], (env_id, name, status, body)
+                    assert status == 403 and repr(name) in body["error"] and "--allow-kwarg" in body["hint"], (
+                        env_id,
+                        name,
+                        status,
+                        body,
+                    )
                 continue
             # client-settable: the rule is bounded, values outside are refused, values at the bounds work
             assert rule.choices is not None or not {"any", "dict"} & set(rule.types), (env_id, name)
-            assert rule.choices is not None or rule.types == ("bool",) or rule.max is not None or rule.max_length is not None, (env_id, name)
+            assert (
+                rule.choices is not None
+                or rule.types == ("bool",)
+                or rule.max is not None
+                or rule.max_length is not None
+            ), (env_id, name)
             for value in hostile_values(rule):
-                status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": env_id, "kwargs": {name: value}})
+                status, body, _ = await call(
+                    running.url, "POST", "/sessions", json={"env_id": env_id, "kwargs": {name: value}}
+                )
                 tried += 1
                 refused += status in (400, 403)
                 assert status in (400, 403) and repr(name) in body["error"], (env_id, name, value, status, body)
             for value in edge_values(rule):
-                reset = not {"swe", "web"} & set(envhub.spec(env_id).tags)  # sandboxes and shops are built at reset, elsewhere
-                status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": env_id, "kwargs": {name: value}, "reset": reset, "seed": 1})
+                reset = not {"swe", "web"} & set(
+                    envhub.spec(env_id).tags
+                )  # sandboxes and shops are built at reset, elsewhere
+                status, body, _ = await call(
+                    running.url,
+                    "POST",
+                    "/sessions",
+                    json={"env_id": env_id, "kwargs": {name: value}, "reset": reset, "seed": 1},
+                )
                 tried += 1
                 accepted += status == 200
                 assert status == 200, (env_id, name, value, body)
@@ -145,13 +177,23 @@ async def test_every_kwarg_of_every_bundled_env_is_refused_or_bounded(serve):
 
 
 async def test_a_kwarg_of_the_wrong_type_is_a_400_naming_it(env_server):
-    status, body, _ = await call(env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dim": "big"}})
-    assert status == 400 and "'dim'" in body["error"] and "int or list" in body["error"] and "unpack" not in body["error"]
-    status, body, _ = await call(env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dim": [7, "x"]}})
+    status, body, _ = await call(
+        env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dim": "big"}}
+    )
+    assert (
+        status == 400 and "'dim'" in body["error"] and "int or list" in body["error"] and "unpack" not in body["error"]
+    )
+    status, body, _ = await call(
+        env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dim": [7, "x"]}}
+    )
     assert status == 400 and "'dim' of Sokoban-v0, item 1, must be int" in body["error"]
-    status, body, _ = await call(env_server.url, "POST", "/sessions", json={"env_id": "Math-v0", "kwargs": {"difficulty": "hard"}})
+    status, body, _ = await call(
+        env_server.url, "POST", "/sessions", json={"env_id": "Math-v0", "kwargs": {"difficulty": "hard"}}
+    )
     assert status == 400 and "'difficulty'" in body["error"] and "one of 1, 2, 3" in body["hint"]
-    status, body, _ = await call(env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dims": 7}})
+    status, body, _ = await call(
+        env_server.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "kwargs": {"dims": 7}}
+    )
     assert status == 400 and "unknown kwarg 'dims'" in body["error"] and "did you mean dim" in body["hint"]
 
 
@@ -164,7 +206,13 @@ async def test_the_rce_from_the_issue_is_refused_and_would_be_caught(serve, tmp_
     default = serve()
     status, body, _ = await call(default.url, "POST", "/sessions", json=rce)
     assert status == 403 and "'backend'" in body["error"] and "--allow-kwarg SWE-v0:backend" in body["hint"]
-    for sneaky in ({"pool": "local"}, {"image": "host"}, {"command_timeout": 1e9}, {"tasks": "/etc/passwd"}, {"repos_dir": "/"}):
+    for sneaky in (
+        {"pool": "local"},
+        {"image": "host"},
+        {"command_timeout": 1e9},
+        {"tasks": "/etc/passwd"},
+        {"repos_dir": "/"},
+    ):
         status, body, _ = await call(default.url, "POST", "/sessions", json={"env_id": "SWE-v0", "kwargs": sneaky})
         assert status == 403 and repr(next(iter(sneaky))) in body["error"]
     # the operator lets clients choose the backend, but not 'local' without the loud opt-in
@@ -176,7 +224,9 @@ async def test_the_rce_from_the_issue_is_refused_and_would_be_caught(serve, tmp_
     unsafe = serve(policy=load_policy(None, allow_kwargs=["SWE-v0:backend"], allow_local_backend=True))
     status, body, _ = await call(unsafe.url, "POST", "/sessions", json=rce)
     assert status == 200, body
-    status, body, _ = await call(unsafe.url, "POST", f"/sessions/{body['session_id']}/step", json={"action": MARKER_ACTION.format(marker=marker)})
+    status, body, _ = await call(
+        unsafe.url, "POST", f"/sessions/{body['session_id']}/step", json={"action": MARKER_ACTION.format(marker=marker)}
+    )
     assert status == 200 and marker.exists()
     with pytest.raises(envhub.ConfigError, match="backend: local"):  # nor can an operator's policy file set it silently
         policy_file = tmp_path / "policy.yaml"
@@ -204,7 +254,8 @@ async def test_path_traversal_in_kwargs_and_options(serve, tmp_path):
     allowed.mkdir(), secret.mkdir()
     (allowed / "escape").symlink_to(secret)
     policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(textwrap.dedent(f"""\
+    policy_file.write_text(
+        textwrap.dedent(f"""\
         envs:
           PathTest-v0:
             client_kwargs:
@@ -212,21 +263,42 @@ async def test_path_traversal_in_kwargs_and_options(serve, tmp_path):
           {GOOD_ID}: {{}}
           SWE-v0: {{}}
           Sokoban-v0: {{}}
-        """))
+        """)
+    )
     running = serve(policy=load_policy(policy_file))
     good = GoodClient(running.url)
     await good.start()
     for hostile in (f"{allowed}/../secret", str(secret), f"{allowed}/escape", "/etc", "../../..", f"{allowed}/\u0000x"):
-        status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "PathTest-v0", "kwargs": {"data_dir": hostile}})
+        status, body, _ = await call(
+            running.url, "POST", "/sessions", json={"env_id": "PathTest-v0", "kwargs": {"data_dir": hostile}}
+        )
         assert status in (400, 403) and "'data_dir'" in body["error"], (hostile, body)
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "PathTest-v0", "kwargs": {"data_dir": f"{allowed}/sub"}, "reset": True})
+    status, body, _ = await call(
+        running.url,
+        "POST",
+        "/sessions",
+        json={"env_id": "PathTest-v0", "kwargs": {"data_dir": f"{allowed}/sub"}, "reset": True},
+    )
     assert status == 200 and "allowed/sub" in body["observation"]
     # reset options: refused unless the policy names them, and then bounded
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "Sokoban-v0", "reset": True, "options": {"level_file": "../../etc/passwd"}})
+    status, body, _ = await call(
+        running.url,
+        "POST",
+        "/sessions",
+        json={"env_id": "Sokoban-v0", "reset": True, "options": {"level_file": "../../etc/passwd"}},
+    )
     assert status == 403 and "'level_file'" in body["error"] and "--allow-option Sokoban-v0:level_file" in body["hint"]
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "SWE-v0", "kwargs": {"max_steps": 2}})
+    status, body, _ = await call(
+        running.url, "POST", "/sessions", json={"env_id": "SWE-v0", "kwargs": {"max_steps": 2}}
+    )
     sid = body["session_id"]
-    for hostile in ({"instance_id": "../../../etc/passwd"}, {"instance_id": "x" * 500}, {"index": -1}, {"index": "0"}, {"tasks": "/etc"}):
+    for hostile in (
+        {"instance_id": "../../../etc/passwd"},
+        {"instance_id": "x" * 500},
+        {"index": -1},
+        {"index": "0"},
+        {"tasks": "/etc"},
+    ):
         status, body, _ = await call(running.url, "POST", f"/sessions/{sid}/reset", json={"options": hostile})
         assert status in (400, 403) and next(iter(hostile)) in body["error"], (hostile, body)
     status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "Wordle-v0"})
@@ -255,12 +327,20 @@ async def test_oversized_and_malformed_bodies(serve):
         assert status == want and text in body["error"] + body["hint"], (what, status, body)
     _, created, _ = await call(url, "POST", "/sessions", json={"env_id": GOOD_ID, "reset": True, "seed": 0})
     sid = created["session_id"]
-    for payload, want in (({"action": "B" * 2000}, 413), ({"action": {"name": "move", "arguments": {"move": "x" * 2000}}}, 413),
-                          ({"action": 5}, 400), ({"action": None}, 400), ({"seed": 2**70}, 400), ({"seed": -1}, 400)):
+    for payload, want in (
+        ({"action": "B" * 2000}, 413),
+        ({"action": {"name": "move", "arguments": {"move": "x" * 2000}}}, 413),
+        ({"action": 5}, 400),
+        ({"action": None}, 400),
+        ({"seed": 2**70}, 400),
+        ({"seed": -1}, 400),
+    ):
         path = f"/sessions/{sid}/reset" if "seed" in payload else f"/sessions/{sid}/step"
         status, body, _ = await call(url, "POST", path, json=payload)
         assert status == want, (payload, body)
-    status, body, _ = await call(url, "POST", "/sessions", json={"env_id": "FrozenLake-v0", "kwargs": {"hole_fraction": math.nan}})
+    status, body, _ = await call(
+        url, "POST", "/sessions", json={"env_id": "FrozenLake-v0", "kwargs": {"hole_fraction": math.nan}}
+    )
     assert status == 403 and "'hole_fraction'" in body["error"]
     for method, path in (("GET", "/sessions"), ("PUT", "/envs"), ("GET", "/admin")):
         status, body, _ = await call(url, method, path)
@@ -269,11 +349,15 @@ async def test_oversized_and_malformed_bodies(serve):
 
 
 async def test_a_flood_of_session_creations_and_requests(serve):
-    running = serve(tokens=["flooder", "polite"], max_sessions=100, limits=ServerLimits(sessions_per_client=5, rate_limit=40))
+    running = serve(
+        tokens=["flooder", "polite"], max_sessions=100, limits=ServerLimits(sessions_per_client=5, rate_limit=40)
+    )
     good = GoodClient(running.url, token="polite")
     await good.start()
     created = [{"env_id": GOOD_ID}] * 30
-    replies = await asyncio.gather(*(call(running.url, "POST", "/sessions", token="flooder", json=body) for body in created))
+    replies = await asyncio.gather(
+        *(call(running.url, "POST", "/sessions", token="flooder", json=body) for body in created)
+    )
     statuses = [status for status, _, _ in replies]
     assert statuses.count(200) == 5 and statuses.count(429) == 25
     assert any("maximum of 5 sessions" in body["error"] for status, body, _ in replies if status == 429)
@@ -336,12 +420,18 @@ async def test_a_vanished_or_slow_client_cannot_pin_a_session(serve):
     # 1. the client sends a step and disconnects before the answer
     body = b'{"action": "go"}'
     with socket.create_connection(("127.0.0.1", port)) as raw:
-        raw.sendall(b"POST /sessions/%s/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (vanished.encode(), len(body), body))
+        raw.sendall(
+            b"POST /sessions/%s/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+            b"%d\r\n\r\n%s" % (vanished.encode(), len(body), body)
+        )
     # 2. a client announces a body and trickles a few bytes of it
     _, created, _ = await call(running.url, "POST", "/sessions", json={"env_id": "SlowStepTest-v0", "reset": True})
     trickled = created["session_id"]
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /sessions/%s/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"act" % trickled.encode())
+    writer.write(
+        b"POST /sessions/%s/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        b"1000\r\n\r\n{\"act" % trickled.encode()
+    )
     await writer.drain()
     answer = await asyncio.wait_for(reader.read(4096), 5)
     assert b" 408 " in answer.split(b"\r\n", 1)[0]
@@ -356,7 +446,11 @@ async def test_a_vanished_or_slow_client_cannot_pin_a_session(serve):
     while (vanished in running.server.sessions or trickled in running.server.sessions) and time.monotonic() < deadline:
         assert not playing.done(), playing.exception()
         await asyncio.sleep(0.1)
-    assert vanished not in running.server.sessions and trickled not in running.server.sessions and running.server.reaped >= 2
+    assert (
+        vanished not in running.server.sessions
+        and trickled not in running.server.sessions
+        and running.server.reaped >= 2
+    )
     assert not playing.done(), playing.exception()
     playing.cancel()
     await good.close()
@@ -365,16 +459,31 @@ async def test_a_vanished_or_slow_client_cannot_pin_a_session(serve):
 async def test_tokens(serve, monkeypatch):
     running = serve(tokens=["alpha-secret", "beta-secret"])
     url = running.url
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic YWxwaGEtc2VjcmV0"}, {"Authorization": "Bearer "},
-                    {"Authorization": "Bearer alpha-secre"}, {"Authorization": "Bearer alpha-secretX"}, {"Authorization": "Bearer \u00e9t\u00e9"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Basic YWxwaGEtc2VjcmV0"},
+        {"Authorization": "Bearer "},
+        {"Authorization": "Bearer alpha-secre"},
+        {"Authorization": "Bearer alpha-secretX"},
+        {"Authorization": "Bearer \u00e9t\u00e9"},
+    ):
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/envs", headers=headers) as reply:
                 body = await reply.json()
-                assert reply.status == 401 and "token" in body["error"] and reply.headers["WWW-Authenticate"].startswith("Bearer"), headers
+                assert (
+                    reply.status == 401
+                    and "token" in body["error"]
+                    and reply.headers["WWW-Authenticate"].startswith("Bearer")
+                ), headers
     status, body, _ = await call(url, "GET", "/health")
     assert status == 200
-    _, created, _ = await call(url, "POST", "/sessions", token="alpha-secret", json={"env_id": GOOD_ID, "reset": True, "seed": 0})
-    status, body, _ = await call(url, "POST", f"/sessions/{created['session_id']}/step", token="beta-secret", json={"action": "B2"})
+    _, created, _ = await call(
+        url, "POST", "/sessions", token="alpha-secret", json={"env_id": GOOD_ID, "reset": True, "seed": 0}
+    )
+    status, body, _ = await call(
+        url, "POST", f"/sessions/{created['session_id']}/step", token="beta-secret", json={"action": "B2"}
+    )
     assert status == 404  # another client's session is invisible
     status, body, _ = await call(url, "DELETE", f"/sessions/{created['session_id']}", token="beta-secret")
     assert status == 404 and created["session_id"] in running.server.sessions
@@ -395,11 +504,19 @@ async def test_tokens(serve, monkeypatch):
 
 async def test_operator_kwargs_are_fixed_server_side(serve, tmp_path):
     policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text("envs:\n  Letters-v0:\n    kwargs: {letters: xyz}\n    client_kwargs: {turns: {type: int, min: 1, max: 3}}\n")
+    policy_file.write_text(
+        "envs:\n  Letters-v0:\n    kwargs: {letters: xyz}\n    client_kwargs: {turns: {type: int, min: 1, max: 3}}\n"
+    )
     running = serve(policy=load_policy(policy_file))
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"turns": 2}, "reset": True})
+    status, body, _ = await call(
+        running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"turns": 2}, "reset": True}
+    )
     assert status == 200 and body["observation"].endswith("x y z")
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"letters": "abc"}})
+    status, body, _ = await call(
+        running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"letters": "abc"}}
+    )
     assert status == 403 and "'letters'" in body["error"]
-    status, body, _ = await call(running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"turns": 4}})
+    status, body, _ = await call(
+        running.url, "POST", "/sessions", json={"env_id": "Letters-v0", "kwargs": {"turns": 4}}
+    )
     assert status == 403 and "outside" in body["error"] and "[1, 3]" in body["error"]

@@ -13,21 +13,38 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_bench_all_quick_writes_every_section_with_same_run_ratios(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "envhub.cli.main", "bench", "all", "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "bench", "all", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     steps = report["env_steps"]
     assert all(steps[e]["steps_per_s"] > 100 for e in ("Sokoban-v0", "FrozenLake-v0", "Wordle-v0", "Math-v0"))
     measured = [b for b in report["sandboxes"].values() if "exec_roundtrip" in b]
-    assert measured and all(b["exec_over_reference"] > 0 and b["warm_acquire"]["p50_ms"] <= b["cold_start"]["p50_ms"] for b in measured)
+    assert measured and all(
+        b["exec_over_reference"] > 0 and b["warm_acquire"]["p50_ms"] <= b["cold_start"]["p50_ms"] for b in measured
+    )
     engine = report["engine"]
-    assert engine["engine_tokens_per_s"] > 0 and engine["speedup"] == pytest.approx(engine["engine_tokens_per_s"] / engine["generate_loop_tokens_per_s"], rel=0.02)
+    assert engine["engine_tokens_per_s"] > 0 and engine["speedup"] == pytest.approx(
+        engine["engine_tokens_per_s"] / engine["generate_loop_tokens_per_s"], rel=0.02
+    )
     speed = report["async_vs_sync"]
     assert speed["sync"]["steps"] == speed["async"]["steps"] and speed["speedup"] > 0
     workers = report["worker_scaling"]["workers"]
     assert list(workers) == ["1", "2", "4", "8"] and all(w["episodes"] == 32 for w in workers.values())
-    assert workers["1"]["speedup_vs_1"] == 1.0 and workers["8"]["speedup_vs_1"] > 1.5  # latency-bound episodes scale out
+    assert (
+        workers["1"]["speedup_vs_1"] == 1.0 and workers["8"]["speedup_vs_1"] > 1.5
+    )  # latency-bound episodes scale out
     markdown = (tmp_path / "report.md").read_text()
-    for heading in ("## Env steps/s", "## Sandboxes", "## Engine tokens/s", "## Async vs sync GRPO", "## Ray env workers"):
+    for heading in (
+        "## Env steps/s",
+        "## Sandboxes",
+        "## Engine tokens/s",
+        "## Async vs sync GRPO",
+        "## Ray env workers",
+    ):
         assert heading in markdown

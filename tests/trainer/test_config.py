@@ -12,7 +12,11 @@ def test_minimal_config_gets_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("tasks:\n  - env: Math-v0\n    weight: 2\n    kwargs: {difficulty: 1}\nalgorithm: {lr: 0.001}\n")
     config = load_config(path)
-    assert config.tasks[0].env == "Math-v0" and config.tasks[0].weight == 2.0 and config.tasks[0].kwargs == {"difficulty": 1}
+    assert (
+        config.tasks[0].env == "Math-v0"
+        and config.tasks[0].weight == 2.0
+        and config.tasks[0].kwargs == {"difficulty": 1}
+    )
     assert config.algorithm.lr == 0.001 and config.algorithm.clip_high == 0.28 and config.rollout.group_size == 4
 
 
@@ -55,7 +59,9 @@ def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
         config_from_dict({"tasks": [{"env": "Letters-v0"}], "algorithm": {"lr": "fast"}})
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")), ids=lambda p: p.name
+)
 def test_every_shipped_config_loads(path):
     config = load_config(path)
     assert config.tasks and config.budget.steps > 0

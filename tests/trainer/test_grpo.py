@@ -13,7 +13,7 @@ def test_group_advantages_match_reference():
     got = group_advantages(rewards, group_size=4)
     expected = []
     for g in range(2):
-        group = rewards[g * 4:(g + 1) * 4].tolist()
+        group = rewards[g * 4 : (g + 1) * 4].tolist()
         mean = sum(group) / 4
         std = math.sqrt(sum((r - mean) ** 2 for r in group) / 4)
         expected += [(r - mean) / (std + 1e-6) for r in group]
@@ -87,9 +87,13 @@ def test_kl_and_truncated_importance_weights_match_reference():
     proximal = torch.tensor([[-1.2, -0.6, -1.8, -0.3], [-1.1, -1.0, -0.5, -9.0]])
     ref = torch.tensor([[-1.1, -0.4, -2.2, -0.6], [-1.4, -0.9, -0.9, -8.0]])
     adv = [0.7, -1.3]
-    got = policy_loss(lp, blp, torch.tensor(adv), mask, proximal_logprobs=proximal, tis_cap=1.1, ref_logprobs=ref, kl_coef=0.05)
+    got = policy_loss(
+        lp, blp, torch.tensor(adv), mask, proximal_logprobs=proximal, tis_cap=1.1, ref_logprobs=ref, kl_coef=0.05
+    )
     weights = [[min(math.exp(p - b), 1.1) for p, b in zip(pr, br)] for pr, br in zip(proximal.tolist(), BLP)]
-    expected = reference_loss(LP, proximal.tolist(), adv, MASK, 0.2, 0.28, weights=weights, ref=ref.tolist(), kl_coef=0.05)
+    expected = reference_loss(
+        LP, proximal.tolist(), adv, MASK, 0.2, 0.28, weights=weights, ref=ref.tolist(), kl_coef=0.05
+    )
     assert got.item() == pytest.approx(expected, abs=1e-6)
     assert any(w == 1.1 for row in weights for w in row)  # the cap is exercised
     assert (kl_k3(lp, ref) >= 0).all() and kl_k3(lp, lp).abs().max() == 0

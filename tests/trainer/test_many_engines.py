@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.config import config_from_dict
 from envhub.inference import SamplingParams
+from envhub.trainer.config import config_from_dict
 from envhub.trainer.engines.routing import MultiEngine, http_engines
 from envhub.trainer.train import Trainer
 
@@ -27,9 +27,29 @@ def weights_root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_servers(weights_root):
     ports = [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(p), "--device", "cpu",
-                               "--allow-weights-dir", str(weights_root)],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for p in ports]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "envhub.cli.main",
+                "serve-engine",
+                "--model",
+                "tiny",
+                "--port",
+                str(p),
+                "--device",
+                "cpu",
+                "--allow-weights-dir",
+                str(weights_root),
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in ports
+    ]
     yield ",".join(f"http://127.0.0.1:{p}" for p in ports), procs
     for proc in procs:
         proc.terminate()
@@ -71,13 +91,17 @@ async def test_training_pushes_weights_to_every_server(two_servers, weights_root
     tmp_path = weights_root / "run"
     probe = http_engines(urls)
     await wait_healthy(probe, procs)
-    config = config_from_dict({
-        "model": {"name": "tiny"}, "engine": {"kind": "sglang", "url": urls},
-        "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
-        "budget": {"steps": 2, "checkpoint_every": 10}, "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "engine": {"kind": "sglang", "url": urls},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
+            "budget": {"steps": 2, "checkpoint_every": 10},
+            "out_dir": str(tmp_path),
+        }
+    )
     result = await Trainer(config).run()
     assert result.last_step == 2
     assert [await e.get_weight_version() for e in probe.engines] == [2, 2]

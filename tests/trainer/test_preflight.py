@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import envhub
+from envhub.envinfo import check_kwargs
 from envhub.errors import ConfigError, EnvNotFound
 from envhub.trainer.config import TaskConfig, config_from_dict
-from envhub.envinfo import check_kwargs
 from envhub.trainer.preflight import check_task
 from envhub.trainer.task_errors import TaskErrors, TaskFailing
 
@@ -35,7 +35,7 @@ class BreaksOnStep(envhub.AgentEnv):
 
 class BreaksOnReset(BreaksOnStep):
     def reset(self, *, seed=None, options=None):
-        raise ValueError("no level with depth %d" % self.depth)
+        raise ValueError(f"no level with depth {self.depth:d}")
 
 
 envhub.register("BreaksOnStep-v0", BreaksOnStep)
@@ -48,8 +48,13 @@ def test_ci_tiny_with_a_kwarg_typo_fails_in_seconds_naming_task_kwarg_and_fix(tm
     path = tmp_path / "bad.yaml"
     path.write_text(config)
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(path), "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)  # the old behaviour hung here
+    result = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(path), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # the old behaviour hung here
     assert result.returncode == 2
     first = next(line for line in result.stderr.splitlines() if line.startswith("envhub: error:"))
     assert "Letters-v0" in first and "'leters'" in first and "did you mean 'letters'?" in first
@@ -67,7 +72,10 @@ async def test_kwargs_are_checked_against_the_constructor_with_suggestions():
 
 
 async def test_check_task_names_the_task_when_building_or_resetting_fails():
-    with pytest.raises(ConfigError, match=r"task FrozenLake-v0: cannot build the env with kwargs \{\"size\": 1\}: ValueError: FrozenLake size"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task FrozenLake-v0: cannot build the env with kwargs \{\"size\": 1\}: ValueError: FrozenLake size",
+    ):
         await check_task(TaskConfig(env="FrozenLake-v0", kwargs={"size": 1}))
     with pytest.raises(ConfigError, match="task BreaksOnReset-v0: reset failed .*ValueError: no level with depth 3"):
         await check_task(TaskConfig(env="BreaksOnReset-v0", kwargs={"depth": 3}))
@@ -77,14 +85,16 @@ async def test_check_task_names_the_task_when_building_or_resetting_fails():
 async def test_a_task_whose_episodes_keep_failing_stops_the_run_with_its_error(tmp_path):
     from envhub.trainer.train import Trainer
 
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "Letters-v0"}, {"env": "BreaksOnStep-v0", "kwargs": {"depth": 7}}],
-        "rollout": {"group_size": 2, "max_new_tokens": 2, "max_turns": 1, "max_task_errors": 4},
-        "algorithm": {"groups_per_step": 2},
-        "budget": {"steps": 50},
-        "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}, {"env": "BreaksOnStep-v0", "kwargs": {"depth": 7}}],
+            "rollout": {"group_size": 2, "max_new_tokens": 2, "max_turns": 1, "max_task_errors": 4},
+            "algorithm": {"groups_per_step": 2},
+            "budget": {"steps": 50},
+            "out_dir": str(tmp_path),
+        }
+    )
     with pytest.raises(TaskFailing) as caught:
         await Trainer(config).run()
     message = str(caught.value)
@@ -117,10 +127,17 @@ def test_ctrl_c_before_the_first_step_names_no_file_that_was_never_written(tmp_p
 
     config = tmp_path / "c.yaml"
     out = tmp_path / "run"
-    config.write_text("model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 2, max_turns: 1}\n"
-                      f"budget: {{steps: 1000}}\nout_dir: {out}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "train", str(config)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    config.write_text(
+        "model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 2, max_turns: 1}\n"
+        f"budget: {{steps: 1000}}\nout_dir: {out}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(config)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (out / "config.json").exists():  # written once the run (and its Ctrl-C handler) has started
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]

@@ -10,8 +10,18 @@ from envhub.trainer.trajectory import Trajectory
 
 def make_group(rewards, version, group_id="g"):
     return [
-        Trajectory(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], behavior_logprobs=[0.0, -1.0, -1.0], versions=[-1, version, version],
-                   reward=r, task="t", group_id=group_id, seed=0, turns=1, finish_reason="terminated")
+        Trajectory(
+            input_ids=[1, 2, 3],
+            loss_mask=[0, 1, 1],
+            behavior_logprobs=[0.0, -1.0, -1.0],
+            versions=[-1, version, version],
+            reward=r,
+            task="t",
+            group_id=group_id,
+            seed=0,
+            turns=1,
+            finish_reason="terminated",
+        )
         for r in rewards
     ]
 
@@ -41,7 +51,7 @@ async def test_stale_groups_are_dropped_or_corrected_and_counted():
     queue = TrajectoryQueue(groups_per_step=1, max_staleness=1)
     await queue.set_version(3)
     await queue.put(make_group([0.0, 1.0], version=1, group_id="old"))  # staleness 2 > 1
-    await queue.put(make_group([0.0, 1.0], version=2, group_id="ok"))   # staleness 1
+    await queue.put(make_group([0.0, 1.0], version=2, group_id="ok"))  # staleness 1
     batch, corrected = await queue.get_batch()
     assert [g[0].group_id for g in batch] == ["ok"] and not corrected
     assert queue.counters.dropped_stale == 1
@@ -76,7 +86,9 @@ def timed(group, reasons):
 async def test_timed_out_episodes_leave_their_group_and_are_counted():
     queue = TrajectoryQueue(groups_per_step=1, max_staleness=0)
     await queue.admit()
-    await queue.put(timed(make_group([0.0, 1.0, 0.0, 1.0], version=0), ["terminated", "timeout", "terminated", "terminated"]))
+    await queue.put(
+        timed(make_group([0.0, 1.0, 0.0, 1.0], version=0), ["terminated", "timeout", "terminated", "terminated"])
+    )
     batch, _ = await queue.get_batch()
     assert [t.reward for t in batch[0]] == [0.0, 0.0, 1.0] and queue.counters.timed_out_episodes == 1
     await queue.set_version(1)
@@ -110,7 +122,12 @@ async def test_long_episode_with_fresh_tokens_is_kept_and_all_old_is_dropped():
     await queue.set_version(5)
     long = make_group([0.0, 1.0], version=2)
     for traj in long:  # a multi-turn episode: first turn at version 2, last turn at version 5
-        traj.input_ids, traj.loss_mask, traj.behavior_logprobs, traj.versions = [1, 2, 3, 4], [0, 1, 0, 1], [0.0] * 4, [-1, 2, -1, 5]
+        traj.input_ids, traj.loss_mask, traj.behavior_logprobs, traj.versions = (
+            [1, 2, 3, 4],
+            [0, 1, 0, 1],
+            [0.0] * 4,
+            [-1, 2, -1, 5],
+        )
     await queue.put(make_group([0.0, 1.0], version=2, group_id="old"))
     await queue.put(long)
     batch, _ = await queue.get_batch()

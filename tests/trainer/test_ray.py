@@ -1,12 +1,13 @@
-"""Training with env workers as Ray actors on a local Ray instance: same trajectories, valid checkpoint, actor deaths retried."""
+"""Training with env workers as Ray actors on a local Ray instance: same trajectories, valid checkpoint, actor deaths
+retried."""
 
 import asyncio
 
 import pytest
 
 import envhub
-from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.train import Trainer
 
 ray = pytest.importorskip("ray")
@@ -25,14 +26,16 @@ def local_ray():
 
 
 def config(out_dir, env="Letters-v0", steps=2, kwargs=None, **rollout):
-    return config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": env, "kwargs": kwargs or {}}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1, **rollout},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync", "filter_zero_variance": False},
-        "budget": {"steps": steps, "checkpoint_every": 10},
-        "out_dir": str(out_dir),
-    })
+    return config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": env, "kwargs": kwargs or {}}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1, **rollout},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync", "filter_zero_variance": False},
+            "budget": {"steps": steps, "checkpoint_every": 10},
+            "out_dir": str(out_dir),
+        }
+    )
 
 
 async def test_ray_run_matches_in_process_trajectories_and_checkpoint(local_ray, tmp_path):
@@ -54,7 +57,10 @@ async def test_ray_run_matches_in_process_trajectories_and_checkpoint(local_ray,
 async def test_killing_an_env_worker_mid_run_loses_no_finished_trajectory(local_ray, tmp_path):
     if BENCH_ENV not in {s.id for s in envhub.list_envs()}:
         envhub.register(BENCH_ENV, SlowLettersEnv)
-    trainer = Trainer(config(tmp_path, env=BENCH_ENV, steps=3, kwargs={"median_s": 0.4, "sigma": 0.2}, max_turns=3), ray=RayOptions(workers=2, episodes_per_worker=4))
+    trainer = Trainer(
+        config(tmp_path, env=BENCH_ENV, steps=3, kwargs={"median_s": 0.4, "sigma": 0.2}, max_turns=3),
+        ray=RayOptions(workers=2, episodes_per_worker=4),
+    )
     run = asyncio.create_task(trainer.run())
     # kill worker 0 once some episodes are back and some are running on it
     while trainer.rollouts is None or trainer.rollouts.episodes_finished < 2 or trainer.rollouts.load[0] == 0:
@@ -74,21 +80,22 @@ async def test_killing_an_env_worker_mid_run_loses_no_finished_trajectory(local_
     assert source.episodes_finished >= finished_before + 1
 
 
-
 async def test_env_workers_pass_the_env_servers_token(local_ray, tmp_path, monkeypatch):
     from tests.conftest import start_server
 
     running, stop = start_server(tokens=["ray-secret"])
     monkeypatch.setenv("ENVHUB_TOKEN", "ray-secret")  # set after ray.init: only runtime_env can bring it to the actors
     try:
-        cfg = config_from_dict({
-            "model": {"name": "tiny"},
-            "tasks": [{"env": "Letters-v0", "remote": running.url}],
-            "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1},
-            "algorithm": {"groups_per_step": 1, "lr": 0.01, "mode": "sync", "filter_zero_variance": False},
-            "budget": {"steps": 1, "checkpoint_every": 10},
-            "out_dir": str(tmp_path),
-        })
+        cfg = config_from_dict(
+            {
+                "model": {"name": "tiny"},
+                "tasks": [{"env": "Letters-v0", "remote": running.url}],
+                "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1},
+                "algorithm": {"groups_per_step": 1, "lr": 0.01, "mode": "sync", "filter_zero_variance": False},
+                "budget": {"steps": 1, "checkpoint_every": 10},
+                "out_dir": str(tmp_path),
+            }
+        )
         # without the token every remote episode fails with 401 and the run never finishes a step
         result = await asyncio.wait_for(Trainer(cfg, ray=RayOptions(workers=1)).run(), 180)
         assert result.last_step == 1

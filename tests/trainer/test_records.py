@@ -1,4 +1,5 @@
-"""The run record: every episode of a real (tiny) training run in episodes.jsonl, turn by turn, with its group's fate."""
+"""The run record: every episode of a real (tiny) training run in episodes.jsonl, turn by turn, with its group's
+fate."""
 
 import json
 
@@ -14,11 +15,27 @@ pytest.importorskip("envhub.trainer.engines.local")
 
 def _trajectory(group_id="0-1", reward=1.0, observation="obs", finish="terminated"):
     return Trajectory(
-        input_ids=[1, 2, 3], loss_mask=[0, 1, 1], behavior_logprobs=[0.0, -0.5, -0.1], versions=[-1, 3, 4],
-        reward=reward, task="Math-v0", group_id=group_id, seed=7, turns=1, finish_reason=finish,
-        turn_log=[{"kind": "reset", "observation": "question?", "env_s": 0.01},
-                  {"kind": "turn", "text": 'ok <tool_call>{"name": "submit", "arguments": {"answer": "4"}}</tool_call>',
-                   "generate_s": 0.5, "env_s": 0.02, "observation": observation, "reward": reward}],
+        input_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        behavior_logprobs=[0.0, -0.5, -0.1],
+        versions=[-1, 3, 4],
+        reward=reward,
+        task="Math-v0",
+        group_id=group_id,
+        seed=7,
+        turns=1,
+        finish_reason=finish,
+        turn_log=[
+            {"kind": "reset", "observation": "question?", "env_s": 0.01},
+            {
+                "kind": "turn",
+                "text": 'ok <tool_call>{"name": "submit", "arguments": {"answer": "4"}}</tool_call>',
+                "generate_s": 0.5,
+                "env_s": 0.02,
+                "observation": observation,
+                "reward": reward,
+            },
+        ],
     )
 
 
@@ -66,14 +83,16 @@ def test_cap_text_keeps_short_text():
 
 
 async def test_training_run_records_every_episode_with_its_group_fate_and_per_task_metrics(tmp_path):
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "Letters-v0"}, {"env": "GuessNumberTest-v0"}],
-        "rollout": {"group_size": 3, "redundancy": 1, "max_new_tokens": 4, "max_turns": 2},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, "filter_zero_variance": True},
-        "budget": {"steps": 2, "checkpoint_every": 5},
-        "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}, {"env": "GuessNumberTest-v0"}],
+            "rollout": {"group_size": 3, "redundancy": 1, "max_new_tokens": 4, "max_turns": 2},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "filter_zero_variance": True},
+            "budget": {"steps": 2, "checkpoint_every": 5},
+            "out_dir": str(tmp_path),
+        }
+    )
     trainer = Trainer(config)
     progress = []
     trainer.on_progress = progress.append
@@ -98,4 +117,10 @@ async def test_training_run_records_every_episode_with_its_group_fate_and_per_ta
     last = rows[-1]
     assert sum(last.get(f"tasks/{t}/groups_trained", 0) for t in ("Letters-v0", "GuessNumberTest-v0")) == 4
     assert any(k.endswith("/success_rate") for k in last)
-    assert progress and {"episodes_running", "episodes_done", "groups_accepted", "groups_filtered", "tokens_per_s"} <= set(progress[-1])
+    assert progress and {
+        "episodes_running",
+        "episodes_done",
+        "groups_accepted",
+        "groups_filtered",
+        "tokens_per_s",
+    } <= set(progress[-1])

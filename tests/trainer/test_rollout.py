@@ -2,11 +2,9 @@
 
 import asyncio
 
-import pytest
-
 import envhub
-from envhub.trainer.config import RolloutConfig
 from envhub.chat_tokens import ChatTokens
+from envhub.trainer.config import RolloutConfig
 from envhub.trainer.rollout import RolloutWorker
 
 
@@ -33,9 +31,12 @@ async def test_multi_turn_ids_and_masks_are_exact(engine_cls, tiny_model, tokeni
     await engine.close()
     assert traj.turns == len(engine.calls) and traj.turns >= 1
 
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     system = "Guess the secret digit. Answer with one digit."
-    expected = enc(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nI am thinking of a digit from 0 to 9.<|im_end|>\n<|im_start|>assistant\n")
+    expected = enc(
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nI am thinking of a digit from 0 to "
+        f"9.<|im_end|>\n<|im_start|>assistant\n"
+    )
     mask = [0] * len(expected)
     env = envhub.make("GuessNumberTest-v0", turns=10)
     env.reset(seed=3)
@@ -59,7 +60,9 @@ async def test_multi_turn_ids_and_masks_are_exact(engine_cls, tiny_model, tokeni
     assert traj.loss_mask == mask
     model_lps = [lp for lp, m in zip(traj.behavior_logprobs, mask) if m]
     assert model_lps == [lp for _, r in engine.calls for lp in r.logprobs]
-    assert all(v == 0 for v, m in zip(traj.versions, mask) if m) and all(v == -1 for v, m in zip(traj.versions, mask) if not m)
+    assert all(v == 0 for v, m in zip(traj.versions, mask) if m) and all(
+        v == -1 for v, m in zip(traj.versions, mask) if not m
+    )
     assert traj.finish_reason in ("max_turns", "terminated") and traj.env_info["secret"] == env.unwrapped.secret
 
 
@@ -84,7 +87,9 @@ def test_template_that_rerenders_earlier_turns_falls_back_to_anchored_deltas(tok
 
         def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
             last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-            shown = [dict(m, content="(old)") if m["role"] == "assistant" and i < last else m for i, m in enumerate(messages)]
+            shown = [
+                dict(m, content="(old)") if m["role"] == "assistant" and i < last else m for i, m in enumerate(messages)
+            ]
             return self.tok.apply_chat_template(shown, tokenize=False, add_generation_prompt=add_generation_prompt)
 
         def __call__(self, *a, **k):

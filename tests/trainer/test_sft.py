@@ -36,15 +36,26 @@ async def test_collect_writes_game_moves_and_letters_as_the_experts_text(tmp_pat
     """ExpertAgent plays: a SelfPlay move becomes a `move` tool call, Letters (no tools) stays plain text."""
     (game,) = await collect("TicTacToe-SelfPlay-v0", 1, tmp_path / "t.jsonl")
     (call,) = parse_tool_calls(game.messages[2]["content"]).calls
-    assert call.name == "move" and game.messages[2]["content"].startswith("<tool_call>{\"name\": \"move\", \"arguments\": {\"move\": ")
+    assert call.name == "move" and game.messages[2]["content"].startswith(
+        "<tool_call>{\"name\": \"move\", \"arguments\": {\"move\": "
+    )
     (letters,) = await collect("Letters-v0", 1, tmp_path / "l.jsonl", max_turns=2)
-    assert "a e i o u" in letters.messages[1]["content"] and letters.messages[2]["content"] == "aeiou" and letters.tools == []
+    assert (
+        "a e i o u" in letters.messages[1]["content"]
+        and letters.messages[2]["content"] == "aeiou"
+        and letters.tools == []
+    )
 
 
 def test_oracle_actions_become_calls_of_the_envs_tools():
-    tools = [{"function": {"name": "search", "parameters": {"properties": {"query": {}}}}},
-             {"function": {"name": "click", "parameters": {"properties": {"target": {}}}}}]
-    assert json.loads(as_tool_call("click[Buy Now]", tools)[11:-12]) == {"name": "click", "arguments": {"target": "Buy Now"}}
+    tools = [
+        {"function": {"name": "search", "parameters": {"properties": {"query": {}}}}},
+        {"function": {"name": "click", "parameters": {"properties": {"target": {}}}}},
+    ]
+    assert json.loads(as_tool_call("click[Buy Now]", tools)[11:-12]) == {
+        "name": "click",
+        "arguments": {"target": "Buy Now"},
+    }
     assert as_tool_call("\\boxed{7}", [tools[0]]) == "\\boxed{7}"
     worked = "2 x 3 = 6, 2 x 4 = 8, 6 + 8 = 14. \\boxed{14}"  # a final answer in text is not a call of the only tool
     assert as_tool_call(worked, [tools[0]]) == worked
@@ -91,16 +102,18 @@ def test_bad_sft_data_is_one_clear_error(tokenizer, tmp_path):
 
 async def test_train_with_sft_stage_writes_before_sft_after_evaluation(tmp_path):
     await collect("FrozenLake-v0", 4, tmp_path / "expert.jsonl")
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "FrozenLake-v0"}, {"env": "Letters-v0"}],
-        "rollout": {"group_size": 2, "max_new_tokens": 8, "max_turns": 2},
-        "algorithm": {"groups_per_step": 1, "filter_zero_variance": False},
-        "budget": {"steps": 1},
-        "sft": {"data": str(tmp_path / "expert.jsonl"), "epochs": 2, "lr": 1e-3},
-        "evaluation": {"episodes": 2},
-        "out_dir": str(tmp_path / "run"),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "FrozenLake-v0"}, {"env": "Letters-v0"}],
+            "rollout": {"group_size": 2, "max_new_tokens": 8, "max_turns": 2},
+            "algorithm": {"groups_per_step": 1, "filter_zero_variance": False},
+            "budget": {"steps": 1},
+            "sft": {"data": str(tmp_path / "expert.jsonl"), "epochs": 2, "lr": 1e-3},
+            "evaluation": {"episodes": 2},
+            "out_dir": str(tmp_path / "run"),
+        }
+    )
     trainer = Trainer(config)
     await trainer.run()
     report = json.loads((tmp_path / "run" / "eval.json").read_text())
@@ -111,7 +124,9 @@ async def test_train_with_sft_stage_writes_before_sft_after_evaluation(tmp_path)
     from envhub.trainer.records import read_episodes
 
     evaluated = read_episodes(tmp_path / "run" / "eval-after")  # the evaluated episodes are recorded too
-    assert sorted((e["task"], e["seed"]) for e in evaluated) == sorted((t, s) for t in ("FrozenLake-v0", "Letters-v0") for s in (1_000_000, 1_000_001))
+    assert sorted((e["task"], e["seed"]) for e in evaluated) == sorted(
+        (t, s) for t in ("FrozenLake-v0", "Letters-v0") for s in (1_000_000, 1_000_001)
+    )
 
 
 async def test_sft_of_the_top_layers_leaves_the_rest_and_unfreezes_for_rl(tokenizer, tiny_model, tmp_path):

@@ -2,7 +2,6 @@
 
 import copy
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.train import Trainer
 
 pytest.importorskip("envhub.trainer.engines.local")
@@ -22,14 +21,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(out_dir, **algorithm):
-    return config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, **algorithm},
-        "budget": {"steps": 2, "checkpoint_every": 1},
-        "out_dir": str(out_dir),
-    })
+    return config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, **algorithm},
+            "budget": {"steps": 2, "checkpoint_every": 1},
+            "out_dir": str(out_dir),
+        }
+    )
 
 
 async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_step(tmp_path):
@@ -72,7 +73,10 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     for name, tensor in saved.state_dict().items():
         assert torch.equal(seen["params"][name], tensor), name
     saved_opt = torch.load(ckpt.path / "optimizer.pt", weights_only=False)
-    assert all(torch.equal(seen["optimizer"]["state"][k]["exp_avg"].cpu(), saved_opt["state"][k]["exp_avg"].cpu()) for k in saved_opt["state"])
+    assert all(
+        torch.equal(seen["optimizer"]["state"][k]["exp_avg"].cpu(), saved_opt["state"][k]["exp_avg"].cpu())
+        for k in saved_opt["state"]
+    )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["queue/consumed"] == 6
 
@@ -86,14 +90,22 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "model: {name: tiny}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 4, max_new_tokens: 4, max_turns: 1}\n"
-        f"algorithm: {{groups_per_step: 2, lr: 0.01}}\nbudget: {{steps: 10000, checkpoint_every: 100000}}\nout_dir: {tmp_path / 'run'}\n"
+        f"algorithm: {{groups_per_step: 2, lr: 0.01}}\nbudget: {{steps: 10000, checkpoint_every: 100000}}\nout_dir: "
+        f"{tmp_path / 'run'}\n"
     )
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "train", str(cfg)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "no step"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stderr.read() if proc.poll() is not None else "no step"
+        )
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -102,27 +114,34 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
     assert ckpt is not None and ckpt.step >= 2
     done = len(metrics.read_text().splitlines())
     assert ckpt.step == done  # the checkpoint holds the last finished step
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", str(done + 1)],
-                             cwd=REPO, capture_output=True, text=True, timeout=180)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", str(done + 1)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == done + 1
 
 
 @pytest.mark.slow
 async def test_mean_reward_rises_clearly_within_a_minute(tmp_path):
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "Letters-v0", "kwargs": {"letters": "aeiou"}}],
-        "rollout": {"group_size": 8, "max_new_tokens": 6, "max_turns": 1, "concurrent_groups": 4},
-        "algorithm": {"mode": "async", "groups_per_step": 4, "lr": 0.015, "max_staleness": 1},
-        "budget": {"steps": 40, "max_time_s": 55, "checkpoint_every": 1000},
-        "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0", "kwargs": {"letters": "aeiou"}}],
+            "rollout": {"group_size": 8, "max_new_tokens": 6, "max_turns": 1, "concurrent_groups": 4},
+            "algorithm": {"mode": "async", "groups_per_step": 4, "lr": 0.015, "max_staleness": 1},
+            "budget": {"steps": 40, "max_time_s": 55, "checkpoint_every": 1000},
+            "out_dir": str(tmp_path),
+        }
+    )
     started = time.monotonic()
     result = await Trainer(config).run()
     rewards = [r["batch_reward"] for r in result.history]
     early = sum(rewards[:3]) / 3
-    late = max(sum(rewards[i:i + 3]) / 3 for i in range(len(rewards) - 2))  # best 3-step window
+    late = max(sum(rewards[i : i + 3]) / 3 for i in range(len(rewards) - 2))  # best 3-step window
     print(f"reward {early:.3f} -> {late:.3f} in {time.monotonic() - started:.1f}s over {result.last_step} steps")
     assert late > early + 0.08, rewards  # seen: 0.37 -> 0.49..0.58 in 25-35 s
 
@@ -148,7 +167,9 @@ async def test_a_crash_mid_run_keeps_the_checkpoint_and_skips_the_final_evaluati
     config.budget.steps, config.budget.checkpoint_every, config.evaluation.episodes = 5, 100, 2
     gathered = []
     original_state = Learner.engine_state
-    monkeypatch.setattr(Learner, "engine_state", lambda self, dtype=None: gathered.append(dtype) or original_state(self, dtype))
+    monkeypatch.setattr(
+        Learner, "engine_state", lambda self, dtype=None: gathered.append(dtype) or original_state(self, dtype)
+    )
     original_row = Trainer._row
 
     def row_then_crash(self, step, *args):

@@ -24,9 +24,26 @@ def free_port():
 @pytest.fixture
 def tiny_server(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu",
-                             "--allow-weights-dir", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "envhub.cli.main",
+            "serve-engine",
+            "--model",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--allow-weights-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     yield f"http://127.0.0.1:{port}", proc
     proc.terminate()
     proc.wait(timeout=30)
@@ -45,13 +62,17 @@ async def test_training_pushes_weights_to_an_http_engine(tiny_server, tmp_path):
         except Exception:
             pass
         await asyncio.sleep(0.2)
-    config = config_from_dict({
-        "model": {"name": "tiny"}, "engine": {"kind": "sglang", "url": url},
-        "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
-        "budget": {"steps": 2, "checkpoint_every": 10}, "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "engine": {"kind": "sglang", "url": url},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
+            "budget": {"steps": 2, "checkpoint_every": 10},
+            "out_dir": str(tmp_path),
+        }
+    )
     result = await Trainer(config).run()
     assert result.last_step == 2
     # the first step's trajectories were sampled by the untouched server model: ratios start at exactly 1

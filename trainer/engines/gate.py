@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 
 class GenerationGate:
@@ -85,6 +85,6 @@ class GenerationGate:
         async with self._cond:
             try:
                 await asyncio.wait_for(self._cond.wait_for(lambda: self._readers == 0), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-RowKV = list[tuple[torch.Tensor, torch.Tensor]]  # one sequence's cache: per layer (keys, values), [1, heads, length, dim]
+RowKV = list[
+    tuple[torch.Tensor, torch.Tensor]
+]  # one sequence's cache: per layer (keys, values), [1, heads, length, dim]
 
 
 def row_length(kv: RowKV) -> int:
@@ -40,7 +42,7 @@ class DecodeBatch:
     @classmethod
     def prefill(
         cls, model: Any, contexts: list[list[int]], pad_id: int, pasts: list[RowKV | None] | None = None
-    ) -> tuple["DecodeBatch", torch.Tensor]:
+    ) -> tuple[DecodeBatch, torch.Tensor]:
         """Run the contexts through the model (left-padded); returns the batch and each row's last-position logits.
 
         With `pasts`, row i's context continues the cached KV `pasts[i]` (a reused prefix or an earlier prefill
@@ -54,16 +56,16 @@ class DecodeBatch:
         ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(contexts), past_width + width), dtype=torch.long)
         for row, (context, past) in enumerate(zip(contexts, pasts)):
-            ids[row, width - len(context):] = torch.tensor(context, dtype=torch.long)
-            mask[row, past_width + width - len(context):] = 1
+            ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
+            mask[row, past_width + width - len(context) :] = 1
             if past is not None:
-                mask[row, past_width - row_length(past):past_width] = 1
+                mask[row, past_width - row_length(past) : past_width] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
         cache = DynamicCache(config=model.config)
         if past_width:
             template = next(kv for kv in pasts if kv is not None)
-            for layer, (keys, values) in enumerate(template):
+            for layer, (keys, _values) in enumerate(template):
                 shape = (1, keys.shape[1], 0, keys.shape[3])
                 empty = keys.new_zeros(shape)
                 cache.update(
@@ -71,7 +73,14 @@ class DecodeBatch:
                     torch.cat([_pad_left(kv[layer][1] if kv is not None else empty, past_width) for kv in pasts]),
                     layer,
                 )
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         lengths = mask.sum(-1)
         return cls(out.past_key_values, mask, lengths), out.logits[:, -1, :].float()
 
@@ -79,7 +88,7 @@ class DecodeBatch:
         """A copy of one row's cached keys and values without its padding: per layer [1, heads, length, dim]."""
         columns = self.mask[row].nonzero().squeeze(1)
         return [
-            (layer.keys[row:row + 1].index_select(2, columns), layer.values[row:row + 1].index_select(2, columns))
+            (layer.keys[row : row + 1].index_select(2, columns), layer.values[row : row + 1].index_select(2, columns))
             for layer in self.cache.layers
         ]
 
@@ -89,18 +98,22 @@ class DecodeBatch:
         ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(1)
         self.mask = torch.cat([self.mask, torch.ones((self.size, 1), dtype=self.mask.dtype, device=device)], dim=1)
         positions = self.lengths.unsqueeze(1)
-        out = model(input_ids=ids, attention_mask=self.mask, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        out = model(
+            input_ids=ids, attention_mask=self.mask, position_ids=positions, past_key_values=self.cache, use_cache=True
+        )
         self.cache = out.past_key_values
         self.lengths = self.lengths + 1
         return out.logits[:, -1, :].float()
 
-    def merge(self, other: "DecodeBatch") -> None:
+    def merge(self, other: DecodeBatch) -> None:
         """Append `other`'s rows after this batch's, padding the narrower one on the left."""
         width = max(self.width, other.width)
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)], dim=0)
             mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)], dim=0)
-        self.mask = torch.cat([F.pad(self.mask, (width - self.width, 0)), F.pad(other.mask, (width - other.width, 0))], dim=0)
+        self.mask = torch.cat(
+            [F.pad(self.mask, (width - self.width, 0)), F.pad(other.mask, (width - other.width, 0))], dim=0
+        )
         self.lengths = torch.cat([self.lengths, other.lengths])
 
     def keep(self, rows: list[int]) -> None:

@@ -19,14 +19,13 @@ import functools
 import itertools
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
-from envhub.trainer.engines.kv_batch import DecodeBatch, RowKV, row_length
+from envhub.trainer.engines.kv_batch import DecodeBatch, RowKV
 from envhub.trainer.engines.prefix_cache import PrefixCache
 from envhub.trainer.engines.sampler import sample_next
 from envhub.trainer.engines.weights import load_state
@@ -137,7 +136,7 @@ class LocalEngine(InferenceEngine):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    def from_pretrained(cls, model: str = "smollm2", device: str | None = None, **kwargs: Any) -> "LocalEngine":
+    def from_pretrained(cls, model: str = "smollm2", device: str | None = None, **kwargs: Any) -> LocalEngine:
         """An engine over "smollm2", "tiny" or a local HF directory, on CUDA (bf16) when present, else CPU (fp32)."""
         from envhub.trainer.models import load_model
 
@@ -155,15 +154,28 @@ class LocalEngine(InferenceEngine):
         return len(self._waiting) + len(self._prefilling)
 
     async def generate(
-        self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None, resubmit_aborted: bool = True,
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        rid: str | None = None,
+        resubmit_aborted: bool = True,
         on_token: Any = None,
     ) -> GenerateResult:
-        """Continue `input_ids`. With `resubmit_aborted`, requests interrupted by a pause/weight update continue after it."""
+        """Continue `input_ids`. With `resubmit_aborted`, requests interrupted by a pause/weight update continue after
+        it."""
         if self._closed:
             raise EngineError("the engine is closed")
         self._validate(input_ids, sampling)
         loop = asyncio.get_running_loop()
-        request = _Request(rid or f"local-{next(_ids)}", list(input_ids), sampling, loop.create_future(), resubmit_aborted, on_token=on_token)
+        request = _Request(
+            rid or f"local-{next(_ids)}",
+            list(input_ids),
+            sampling,
+            loop.create_future(),
+            resubmit_aborted,
+            on_token=on_token,
+        )
         if sampling.max_new_tokens <= 0:
             request.finish = "length"
             return self._result(request)
@@ -183,7 +195,11 @@ class LocalEngine(InferenceEngine):
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
-        if self._loop is not None and not self._loop.is_closed() and (self._running or self._waiting or self._prefilling):
+        if (
+            self._loop is not None
+            and not self._loop.is_closed()
+            and (self._running or self._waiting or self._prefilling)
+        ):
             raise EngineError("the engine is busy in another event loop", hint="use one event loop per engine")
         self._loop, self._loop_task = loop, None
         self._lock, self._wake = asyncio.Lock(), asyncio.Event()
@@ -220,13 +236,16 @@ class LocalEngine(InferenceEngine):
                 await asyncio.sleep(0)  # let new requests, aborts and pauses in between steps
 
     def _step(self) -> list[_Request]:
-        """One prefill step (alternating with decode while rows run), else one decode step; returns finished requests."""
+        """One prefill step (alternating with decode while rows run), else one decode step; returns finished
+        requests."""
         with torch.inference_mode():
             if self._prefilling and (not self._running or not self._decode_due):
                 self._decode_due = True
                 if self._running:
                     self.stats._prefills_in_a_row += 1
-                    self.stats.max_prefills_between_decodes = max(self.stats.max_prefills_between_decodes, self.stats._prefills_in_a_row)
+                    self.stats.max_prefills_between_decodes = max(
+                        self.stats.max_prefills_between_decodes, self.stats._prefills_in_a_row
+                    )
                 rows, logits = self._prefill_step()
                 if not rows:
                     return []
@@ -239,8 +258,11 @@ class LocalEngine(InferenceEngine):
                 self.stats.decode_rows += len(rows)
             self.stats.max_rows = max(self.stats.max_rows, len(self._running))
             tokens, logprobs = sample_next(
-                logits, [r.sampling for r in rows], [r.generator for r in rows],
-                [r.output_ids for r in rows], [self._stop_ids(r.sampling) for r in rows],
+                logits,
+                [r.sampling for r in rows],
+                [r.generator for r in rows],
+                [r.output_ids for r in rows],
+                [self._stop_ids(r.sampling) for r in rows],
             )
         for request, token, logprob in zip(rows, tokens, logprobs):
             request.output_ids.append(token)
@@ -268,7 +290,7 @@ class LocalEngine(InferenceEngine):
             if request.past is None:
                 request.past_len, request.past = self.prefix_cache.match(context)
                 self.stats.reused_tokens += request.past_len
-            piece = context[request.past_len:request.past_len + budget]
+            piece = context[request.past_len : request.past_len + budget]
             budget -= len(piece)
             chosen.append(request)
             pieces.append(piece)
@@ -317,7 +339,7 @@ class LocalEngine(InferenceEngine):
             return "stop"
         if sampling.stop and self.tokenizer is not None:
             longest = max(len(s) for s in sampling.stop)
-            tail = self.tokenizer.decode(request.output_ids[-(longest + 2):])
+            tail = self.tokenizer.decode(request.output_ids[-(longest + 2) :])
             if any(s in tail for s in sampling.stop):
                 return "stop"
         if len(request.output_ids) >= sampling.max_new_tokens or len(request.context()) >= self.max_positions:
@@ -345,7 +367,11 @@ class LocalEngine(InferenceEngine):
             request.future.set_result(self._result(request))
 
     def _result(self, request: _Request) -> GenerateResult:
-        meta = {"rid": request.rid, "prompt_tokens": len(request.prompt_ids), "completion_tokens": len(request.output_ids)}
+        meta = {
+            "rid": request.rid,
+            "prompt_tokens": len(request.prompt_ids),
+            "completion_tokens": len(request.output_ids),
+        }
         if request.retracts:
             meta["retracts"] = request.retracts
         return GenerateResult(
@@ -362,6 +388,7 @@ class LocalEngine(InferenceEngine):
 
         "system" interruptions (pause, weight update) send resubmittable requests back to the queue.
         """
+
         def hit(r: _Request) -> bool:
             return rid is None or r.rid == rid
 
@@ -407,7 +434,9 @@ class LocalEngine(InferenceEngine):
         self._paused = False
         self._wake.set()
 
-    async def update_weights(self, path_or_state: Any, version: int | None = None, *, abort_all_requests: bool = False) -> None:
+    async def update_weights(
+        self, path_or_state: Any, version: int | None = None, *, abort_all_requests: bool = False
+    ) -> None:
         """Copy new weights into the model between two steps; the version becomes `version` or the old one + 1.
 
         Running requests keep their KV cache and continue under the new weights (each token records the version

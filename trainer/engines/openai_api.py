@@ -25,14 +25,25 @@ class ContextLengthError(EngineError):
 
 
 def _error(message: str, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}, status=status)
+    return web.json_response(
+        {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}, status=status
+    )
 
 
 def _failure(exc: EngineError) -> web.Response:
     """The 400 for `exc`; context overflows carry OpenAI's code so clients can tell them from other bad requests."""
     if isinstance(exc, ContextLengthError):
-        return web.json_response({"error": {"message": str(exc), "type": "invalid_request_error", "param": "messages",
-                                            "code": "context_length_exceeded"}}, status=400)
+        return web.json_response(
+            {
+                "error": {
+                    "message": str(exc),
+                    "type": "invalid_request_error",
+                    "param": "messages",
+                    "code": "context_length_exceeded",
+                }
+            },
+            status=400,
+        )
     return _error(str(exc))
 
 
@@ -42,10 +53,21 @@ def _sampling_json(body: dict[str, Any]) -> dict[str, Any]:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None:
         params["max_new_tokens"] = max_tokens
-    mapping = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "sampling_seed",
-               "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-               "repetition_penalty": "repetition_penalty", "stop": "stop", "stop_token_ids": "stop_token_ids",
-               "ignore_eos": "ignore_eos", "min_tokens": "min_new_tokens", "n": "n"}
+    mapping = {
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "top_k": "top_k",
+        "min_p": "min_p",
+        "seed": "sampling_seed",
+        "frequency_penalty": "frequency_penalty",
+        "presence_penalty": "presence_penalty",
+        "repetition_penalty": "repetition_penalty",
+        "stop": "stop",
+        "stop_token_ids": "stop_token_ids",
+        "ignore_eos": "ignore_eos",
+        "min_tokens": "min_new_tokens",
+        "n": "n",
+    }
     for source, target in mapping.items():
         if body.get(source) is not None:
             params[target] = body[source]
@@ -70,8 +92,14 @@ def _chat_message(text: str, tools: Any) -> tuple[dict[str, Any], bool]:
 
         parsed = parse_tool_calls(text)
         if parsed.calls:
-            calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed.calls]
+            calls = [
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in parsed.calls
+            ]
             return {"role": "assistant", "content": parsed.text or None, "tool_calls": calls}, True
     return {"role": "assistant", "content": text}, False
 
@@ -92,7 +120,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return await json_body(request)
 
 
-async def _run(request: web.Request, ids: list[int], body: dict[str, Any], source: str = "messages") -> list[GenerateResult]:
+async def _run(
+    request: web.Request, ids: list[int], body: dict[str, Any], source: str = "messages"
+) -> list[GenerateResult]:
     import asyncio
 
     from envhub.trainer.engines.server_state import STATE_KEY
@@ -103,9 +133,11 @@ async def _run(request: web.Request, ids: list[int], body: dict[str, Any], sourc
         raise EngineError("the prompt is empty")
     if len(ids) + sampling.max_new_tokens > state.context_len:
         wanted = len(ids) + sampling.max_new_tokens  # OpenAI's wording, which clients match on
-        raise ContextLengthError(f"This model's maximum context length is {state.context_len} tokens. However, you requested "
-                                 f"{wanted} tokens ({len(ids)} in the {source}, {sampling.max_new_tokens} in the completion). "
-                                 f"Please reduce the length of the {source} or completion.")
+        raise ContextLengthError(
+            f"This model's maximum context length is {state.context_len} tokens. However, you requested "
+            f"{wanted} tokens ({len(ids)} in the {source}, {sampling.max_new_tokens} in the completion). "
+            f"Please reduce the length of the {source} or completion."
+        )
     call = GenerateCall(ids, sampling, None, n)
     return list(await asyncio.gather(*[state.run(call, i) for i in range(n)]))
 
@@ -121,8 +153,14 @@ async def models(request: web.Request) -> web.Response:
     from envhub.trainer.engines.server_state import STATE_KEY
 
     state = request.app[STATE_KEY]
-    card = {"id": state.served_model_name, "object": "model", "created": int(time.time()), "owned_by": "envhub",
-            "root": state.served_model_name, "max_model_len": state.context_len}
+    card = {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "envhub",
+        "root": state.served_model_name,
+        "max_model_len": state.context_len,
+    }
     return web.json_response({"object": "list", "data": [card]})
 
 
@@ -134,13 +172,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         body = await _body(request)
         messages, tools = body.get("messages"), body.get("tools") or None
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) and "role" in m for m in messages):
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(m, dict) and "role" in m for m in messages)
+        ):
             raise EngineError("messages must be a non-empty list of {role, content} objects")
         if state.engine.tokenizer is None:
             raise EngineError("this server has no tokenizer for chat templates")
         functions = [t.get("function", t) for t in tools] if isinstance(tools, list) else None
         try:
-            ids = state.engine.tokenizer.apply_chat_template(messages, tools=functions, add_generation_prompt=True, tokenize=True)
+            ids = state.engine.tokenizer.apply_chat_template(
+                messages, tools=functions, add_generation_prompt=True, tokenize=True
+            )
         except Exception as exc:  # a template error is the client's message shape
             raise EngineError(f"cannot apply the chat template: {exc}") from exc
         ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
@@ -153,18 +197,51 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         message, called = _chat_message(state.text(result.output_ids), tools)
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": _finish(result, called)}
         if body.get("logprobs"):
-            choice["logprobs"] = {"content": [{"token": state.text([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                                              for t, lp in zip(result.output_ids, result.logprobs)]}
+            choice["logprobs"] = {
+                "content": [
+                    {"token": state.text([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(result.output_ids, result.logprobs)
+                ]
+            }
         choices.append(choice)
     if body.get("stream"):
-        chunks = [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_model_name,
-                   "choices": [{"index": c["index"], "delta": {"role": "assistant", **{k: v for k, v in c["message"].items() if k != "role"}},
-                                "finish_reason": None}]} for c in choices]
-        chunks += [{"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_model_name,
-                    "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]} for c in choices]
+        chunks = [
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.served_model_name,
+                "choices": [
+                    {
+                        "index": c["index"],
+                        "delta": {"role": "assistant", **{k: v for k, v in c["message"].items() if k != "role"}},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            for c in choices
+        ]
+        chunks += [
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": state.served_model_name,
+                "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}],
+            }
+            for c in choices
+        ]
         return await _sse(request, chunks)
-    return web.json_response({"id": rid, "object": "chat.completion", "created": created, "model": state.served_model_name,
-                              "choices": choices, "usage": _usage(len(ids), results)})
+    return web.json_response(
+        {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": state.served_model_name,
+            "choices": choices,
+            "usage": _usage(len(ids), results),
+        }
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -177,7 +254,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = body.get("prompt")
         if isinstance(prompt, str) and state.engine.tokenizer is not None:
             ids = state.engine.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             ids = prompt
             if any(not 0 <= t < state.engine.vocab_size for t in ids):
                 raise EngineError(f"prompt token ids must be in [0, {state.engine.vocab_size})")
@@ -188,14 +267,32 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except EngineError as exc:
         return _failure(exc)
     created, rid = int(time.time()), f"cmpl-{uuid.uuid4().hex}"
-    choices = [{"index": i, "text": state.text(r.output_ids), "logprobs": None, "finish_reason": _finish(r, False)}
-               for i, r in enumerate(results)]
+    choices = [
+        {"index": i, "text": state.text(r.output_ids), "logprobs": None, "finish_reason": _finish(r, False)}
+        for i, r in enumerate(results)
+    ]
     if body.get("stream"):
-        chunks = [{"id": rid, "object": "text_completion", "created": created, "model": state.served_model_name, "choices": [c]}
-                  for c in choices]
+        chunks = [
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": state.served_model_name,
+                "choices": [c],
+            }
+            for c in choices
+        ]
         return await _sse(request, chunks)
-    return web.json_response({"id": rid, "object": "text_completion", "created": created, "model": state.served_model_name,
-                              "choices": choices, "usage": _usage(len(ids), results)})
+    return web.json_response(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": state.served_model_name,
+            "choices": choices,
+            "usage": _usage(len(ids), results),
+        }
+    )
 
 
 def add_routes(app: web.Application) -> None:

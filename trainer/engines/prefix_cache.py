@@ -49,7 +49,7 @@ class PrefixCache:
             return
         key = tuple(tokens)
         ids = torch.tensor(tokens, dtype=torch.long)
-        for old in [k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k]:
+        for old in [k for k in self._entries if len(k) <= len(key) and key[: len(k)] == k]:
             self._remove(old)
         while self._entries and self.bytes + size > self.max_bytes:
             self._remove(next(iter(self._entries)))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any, Sequence
+from typing import Any
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
-
 
 episode_key: ContextVar[str | None] = ContextVar("envhub_episode_key", default=None)
 
@@ -87,4 +87,6 @@ def http_engines(urls: str, **client: Any) -> InferenceEngine:
     parts = [u.strip() for u in urls.split(",") if u.strip()]
     if not parts:
         raise EngineError("no engine URL given", hint="set engine.url, e.g. http://127.0.0.1:30000")
-    return SGLangEngine(parts[0], **client) if len(parts) == 1 else MultiEngine([SGLangEngine(u, **client) for u in parts])
+    return (
+        SGLangEngine(parts[0], **client) if len(parts) == 1 else MultiEngine([SGLangEngine(u, **client) for u in parts])
+    )

@@ -25,14 +25,17 @@ def behaviour_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor
     return torch.log_softmax(logits.float() / scale, dim=-1)
 
 
-def _column(params: list[SamplingParams], name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _column(
+    params: list[SamplingParams], name: str, device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
 
 
 def _apply_penalties(
     logits: torch.Tensor, params: list[SamplingParams], output_ids: list[list[int]], stop_ids: list[set[int]]
 ) -> torch.Tensor:
-    """Repetition / frequency / presence penalties over each row's output tokens; stop tokens masked before min_new_tokens."""
+    """Repetition / frequency / presence penalties over each row's output tokens; stop tokens masked before
+    min_new_tokens."""
     rows, vocab = logits.shape
     device = logits.device
     penalised = any(p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty for p in params)
@@ -101,7 +104,9 @@ def sample_next(
         index = torch.tensor(sampled, device=device)
         rows_params = [params[r] for r in sampled]
         chosen_logits = shaped.index_select(0, index)
-        if any(0 < p.top_k < logits.shape[-1] or p.top_p < 1 or p.min_p > 0 for p in rows_params):  # skip the sort otherwise
+        if any(
+            0 < p.top_k < logits.shape[-1] or p.top_p < 1 or p.min_p > 0 for p in rows_params
+        ):  # skip the sort otherwise
             chosen_logits = _restrict(chosen_logits, rows_params)
         probs = torch.softmax(chosen_logits, dim=-1)
         shared = [i for i, r in enumerate(sampled) if generators[r] is None]

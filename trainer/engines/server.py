@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 
@@ -28,7 +29,9 @@ from envhub.trainer.engines.sglang_protocol import GenerateCall, generate_respon
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 
 
-def _handles_errors(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _handles_errors(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -59,8 +62,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return web.json_response(outs if batch or len(outs) > 1 else outs[0])
 
 
-async def _stream(request: web.Request, state: EngineServerState, jobs: list[tuple[GenerateCall, int]], return_logprob: bool) -> web.StreamResponse:
-    """SSE: `data: {json}` per update (text, output_ids and logprobs so far, `index` for batches), then `data: [DONE]`."""
+async def _stream(
+    request: web.Request, state: EngineServerState, jobs: list[tuple[GenerateCall, int]], return_logprob: bool
+) -> web.StreamResponse:
+    """SSE: `data: {json}` per update (text, output_ids and logprobs so far, `index` for batches), then `data:
+    [DONE]`."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     loop = asyncio.get_running_loop()
@@ -70,6 +76,7 @@ async def _stream(request: web.Request, state: EngineServerState, jobs: list[tup
     def listener(index: int) -> Callable[[int, float, int], None]:
         def on_token(token: int, logprob: float, version: int) -> None:  # runs in the engine's worker thread
             loop.call_soon_threadsafe(updates.put_nowait, (index, (token, logprob, version)))
+
         return on_token
 
     async def one(index: int, call: GenerateCall, n: int) -> None:
@@ -87,14 +94,25 @@ async def _stream(request: web.Request, state: EngineServerState, jobs: list[tup
             if isinstance(item, tuple):
                 progress[index].append(item)
                 ids = [t for t, _, _ in progress[index]]
-                partial = GenerateResult(ids, [lp for _, lp, _ in progress[index]], "abort", token_versions=[v for _, _, v in progress[index]],
-                                         meta={"rid": call_rid(jobs[index][0])})
+                partial = GenerateResult(
+                    ids,
+                    [lp for _, lp, _ in progress[index]],
+                    "abort",
+                    token_versions=[v for _, _, v in progress[index]],
+                    meta={"rid": call_rid(jobs[index][0])},
+                )
                 out = generate_response(partial, state.text(ids), return_logprob, state.spans(partial))
                 out["meta_info"]["finish_reason"] = None
             elif isinstance(item, EngineError):
-                out, done = {"error": {"message": str(item), "type": "invalid_request_error", "code": 400, "retryable": False}}, done + 1
+                out, done = (
+                    {"error": {"message": str(item), "type": "invalid_request_error", "code": 400, "retryable": False}},
+                    done + 1,
+                )
             else:
-                out, done = generate_response(item, state.text(item.output_ids), return_logprob, state.spans(item)), done + 1
+                out, done = (
+                    generate_response(item, state.text(item.output_ids), return_logprob, state.spans(item)),
+                    done + 1,
+                )
             if len(jobs) > 1:
                 out["index"] = index
             await response.write(b"data: " + json.dumps(out).encode() + b"\n\n")
@@ -138,7 +156,13 @@ async def update_weight_version(request: web.Request) -> web.Response:
     if body.get("abort_all_requests"):
         await state.abort(None)
     state.set_label(body["new_version"])
-    return web.json_response({"success": True, "message": f"Weight version updated to {body['new_version']}", "new_version": body["new_version"]})
+    return web.json_response(
+        {
+            "success": True,
+            "message": f"Weight version updated to {body['new_version']}",
+            "new_version": body["new_version"],
+        }
+    )
 
 
 async def pause_generation(request: web.Request) -> web.Response:
@@ -193,22 +217,24 @@ async def model_info(request: web.Request) -> web.Response:
     """GET /model_info (and the deprecated /get_model_info): SGLang's fields, weight_version included."""
     state = request.app[STATE_KEY]
     config = getattr(state.engine.model, "config", None)
-    return web.json_response({
-        "model_path": state.model_path,
-        "served_model_name": state.served_model_name,
-        "tokenizer_path": state.model_path,
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": state.weight_version,
-        "load_format": "auto",
-        "reasoning_parser": None,
-        "tool_call_parser": None,
-        "disaggregation_mode": "null",
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-        "model_type": getattr(config, "model_type", None),
-        "architectures": getattr(config, "architectures", None),
-    })
+    return web.json_response(
+        {
+            "model_path": state.model_path,
+            "served_model_name": state.served_model_name,
+            "tokenizer_path": state.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": state.weight_version,
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+        }
+    )
 
 
 def create_app(
@@ -226,14 +252,18 @@ def create_app(
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api_key_middleware(api_key)])
     dirs = list(weights_dirs) if weights_dirs is not None else [default_weights_dir()]
-    state = EngineServerState(engine, model_path, WeightsPolicy.of(dirs), served_model_name=served_model_name or model_path or "default")
+    state = EngineServerState(
+        engine, model_path, WeightsPolicy.of(dirs), served_model_name=served_model_name or model_path or "default"
+    )
     state.labels[engine.version] = weight_version
     app[STATE_KEY] = state
     for method in ("POST", "PUT"):
         app.router.add_route(method, "/generate", _handles_errors(generate))
     routes = {
-        "/update_weights_from_disk": update_weights_from_disk, "/update_weight_version": update_weight_version,
-        "/pause_generation": pause_generation, "/continue_generation": continue_generation,
+        "/update_weights_from_disk": update_weights_from_disk,
+        "/update_weight_version": update_weight_version,
+        "/pause_generation": pause_generation,
+        "/continue_generation": continue_generation,
         "/abort_request": abort_request,
     }
     for path, handler in routes.items():
@@ -267,7 +297,9 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_engine_server(engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, model_path: str = "", **options: Any) -> RunningServer:
+async def start_engine_server(
+    engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, model_path: str = "", **options: Any
+) -> RunningServer:
     """Serve `engine` in this event loop (port 0 picks a free port); options go to `create_app`."""
     from envhub.trainer.engines.server_security import check_bind
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -44,7 +45,9 @@ def api_key_middleware(api_key: str | None) -> Callable[..., Awaitable[web.Strea
     """aiohttp middleware answering 401 to requests without the key (probes and OPTIONS pass)."""
 
     @web.middleware
-    async def check(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def check(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         if (
             api_key
             and request.method != "OPTIONS"
@@ -83,7 +86,7 @@ class WeightsPolicy:
     allowed: tuple[Path, ...]
 
     @classmethod
-    def of(cls, dirs: Any) -> "WeightsPolicy":
+    def of(cls, dirs: Any) -> WeightsPolicy:
         """From operator-given directories (resolved now, so later symlink swaps do not widen them)."""
         return cls(tuple(Path(d).expanduser().resolve() for d in dirs))
 

@@ -4,8 +4,9 @@ weight-update routes all reach (the served engine, SGLang's pause/update gate, v
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -74,7 +75,9 @@ class EngineServerState:
         self.active.add(rid)
         try:
             async with self.gate.generation():
-                return await self.engine.generate(call.input_ids, call.sampling, rid=rid, resubmit_aborted=False, on_token=on_token)
+                return await self.engine.generate(
+                    call.input_ids, call.sampling, rid=rid, resubmit_aborted=False, on_token=on_token
+                )
         finally:
             self.active.discard(rid)
 

@@ -17,9 +17,10 @@ import re
 import sys
 import tempfile
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import aiohttp
 
@@ -82,7 +83,9 @@ class SGLangEngine(InferenceEngine):
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-            self._session = aiohttp.ClientSession(timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers)
+            self._session = aiohttp.ClientSession(
+                timeout=self.timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers
+            )
         return self._session
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -93,10 +96,14 @@ class SGLangEngine(InferenceEngine):
                 await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
             try:
                 async with self._client().request(method, self.url + path, json=body) as response:
-                    payload: Any = await response.json() if response.content_type == "application/json" else await response.text()
+                    payload: Any = (
+                        await response.json() if response.content_type == "application/json" else await response.text()
+                    )
                     if response.status == 401:
-                        raise EngineError(f"{self.url}{path} answered 401 Unauthorized",
-                                          hint=f"set engine.api_key (or {API_KEY_ENV}) to the server's --api-key")
+                        raise EngineError(
+                            f"{self.url}{path} answered 401 Unauthorized",
+                            hint=f"set engine.api_key (or {API_KEY_ENV}) to the server's --api-key",
+                        )
                     if response.status >= 500 and path != "/health":
                         last = EngineError(f"{path} answered {response.status}: {payload}")
                         continue
@@ -112,11 +119,17 @@ class SGLangEngine(InferenceEngine):
         status, payload = await self._request("POST", path, body)
         if status >= 400:
             error = payload.get("error") if isinstance(payload, dict) else None
-            message = error.get("message") if isinstance(error, dict) else (payload.get("message") if isinstance(payload, dict) else payload)
+            message = (
+                error.get("message")
+                if isinstance(error, dict)
+                else (payload.get("message") if isinstance(payload, dict) else payload)
+            )
             raise EngineError(f"{path} failed ({status}): {message}")
         return payload
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None) -> GenerateResult:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None
+    ) -> GenerateResult:
         """Generate with logprobs; requests aborted by pauses or weight updates are resubmitted where they stopped."""
         rid = rid or f"envhub-{uuid.uuid4().hex}"
         output_ids: list[int] = []
@@ -156,11 +169,18 @@ class SGLangEngine(InferenceEngine):
             logprobs=logprobs,
             finish_reason=finish,
             weight_version=versions[-1] if versions else self.version,
-            meta={"rid": rid, "prompt_tokens": len(input_ids), "completion_tokens": len(output_ids), "resubmits": attempt},
+            meta={
+                "rid": rid,
+                "prompt_tokens": len(input_ids),
+                "completion_tokens": len(output_ids),
+                "resubmits": attempt,
+            },
             token_versions=[int(v) for v in versions],
         )
 
-    async def update_weights(self, path_or_state: Any, version: int | None = None, *, abort_all_requests: bool = False) -> None:
+    async def update_weights(
+        self, path_or_state: Any, version: int | None = None, *, abort_all_requests: bool = False
+    ) -> None:
         """Push weights: pause (unless pause_mode is "none"), load (a directory the server may read, or a state
         dict over /update_weights_from_tensor), continue. The version is sent as a string."""
         body: dict[str, Any] = {"abort_all_requests": abort_all_requests}
@@ -178,8 +198,10 @@ class SGLangEngine(InferenceEngine):
             body["model_path"] = str(path_or_state)
             route = "/update_weights_from_disk"
         else:
-            raise EngineError("update_weights takes a checkpoint directory or a state dict",
-                              hint="save the policy with save_pretrained(dir) and pass the directory")
+            raise EngineError(
+                "update_weights takes a checkpoint directory or a state dict",
+                hint="save the policy with save_pretrained(dir) and pass the directory",
+            )
         await self._paused_call(route, body)
         self.version = await self.get_weight_version() if version is None else version
 
@@ -196,21 +218,39 @@ class SGLangEngine(InferenceEngine):
             raise EngineError(f"weight update failed: {reply.get('message')}")
         return reply
 
-    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                        backend: str = "nccl", group_name: str = "weight_update_group") -> None:
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str = "nccl",
+        group_name: str = "weight_update_group",
+    ) -> None:
         """Ask the server to join the trainer's process group (the trainer is rank 0; call both at once)."""
-        await self._post("/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend,
-        })
+        await self._post(
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+        )
 
-    async def update_weights_from_distributed(self, named: Mapping[str, Any], group: Any, version: int | None = None,
-                                              group_name: str = "weight_update_group") -> None:
-        """Broadcast `named` tensors from rank 0 of `group` (a weight_sync.WeightGroup) while the server receives them."""
+    async def update_weights_from_distributed(
+        self, named: Mapping[str, Any], group: Any, version: int | None = None, group_name: str = "weight_update_group"
+    ) -> None:
+        """Broadcast `named` tensors from rank 0 of `group` (a weight_sync.WeightGroup) while the server receives
+        them."""
         tensors = list(named.items())
         body: dict[str, Any] = {
-            "names": [n for n, _ in tensors], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
-            "shapes": [list(t.shape) for _, t in tensors], "group_name": group_name,
+            "names": [n for n, _ in tensors],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in tensors],
+            "shapes": [list(t.shape) for _, t in tensors],
+            "group_name": group_name,
         }
         if version is not None:
             body["weight_version"] = str(version)
@@ -279,14 +319,25 @@ class SGLangServer:
             self.process.terminate()
             try:
                 await asyncio.wait_for(self.process.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
 
 
 def sglang_command(model_path: str, host: str, port: int, **server_args: Any) -> list[str]:
-    """The launch_server command line; server_args become flags (mem_fraction_static=0.7 -> --mem-fraction-static 0.7)."""
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path), "--host", host, "--port", str(port)]
+    """The launch_server command line; server_args become flags (mem_fraction_static=0.7 -> --mem-fraction-static
+    0.7)."""
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     for key, value in server_args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -301,8 +352,10 @@ async def launch_sglang_server(
 ) -> SGLangServer:
     """Start an SGLang server for `model_path` and wait until /health answers 200."""
     if importlib.util.find_spec("sglang") is None:
-        raise EngineError("sglang is not installed: pip install 'envhub[sglang]' on a GPU machine",
-                          hint="or serve the model with `envhub serve-engine` (CPU or GPU)")
+        raise EngineError(
+            "sglang is not installed: pip install 'envhub[sglang]' on a GPU machine",
+            hint="or serve the model with `envhub serve-engine` (CPU or GPU)",
+        )
     log_path = Path(tempfile.mkstemp(prefix=f"sglang-{port}-", suffix=".log")[1])
     with open(log_path, "wb") as log:
         process = await asyncio.create_subprocess_exec(
@@ -322,7 +375,7 @@ async def launch_sglang_server(
                 raise EngineError(f"sglang server not healthy after {startup_timeout:.0f} s", hint=f"see {log_path}")
             try:
                 await asyncio.wait_for(process.wait(), 1.0)  # wake early if it dies
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         await client.close()

@@ -18,13 +18,36 @@ from envhub.inference import GenerateResult, SamplingParams
 _TOP_K_ALL = 1 << 30
 # SGLang's sampling_params keys; those envhub does not implement are accepted only at their neutral value.
 _UNSUPPORTED_NEUTRAL: dict[str, Any] = {
-    "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-    "custom_params": None, "beam_width": None, "watermark": None, "choice": [], "stream_interval": None,
-    "skip_special_tokens": True, "spaces_between_special_tokens": True, "no_stop_trim": False,
+    "stop_regex": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": None,
+    "beam_width": None,
+    "watermark": None,
+    "choice": [],
+    "stream_interval": None,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
 }
 _KEYS = {
-    "max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "frequency_penalty",
-    "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "ignore_eos", "logit_bias", "sampling_seed",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "ignore_eos",
+    "logit_bias",
+    "sampling_seed",
 } | set(_UNSUPPORTED_NEUTRAL)
 
 
@@ -78,7 +101,10 @@ def parse_sampling(params: Any, vocab_size: int) -> tuple[SamplingParams, int]:
     n = _integer(params, "n", 1)
     seed = _integer(params, "sampling_seed", None)
     checks = [
-        (math.isfinite(temperature) and temperature >= 0, f"temperature must be a non-negative finite number, got {temperature}"),
+        (
+            math.isfinite(temperature) and temperature >= 0,
+            f"temperature must be a non-negative finite number, got {temperature}",
+        ),
         (0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}"),
         (0.0 <= min_p <= 1.0, f"min_p must be in [0, 1], got {min_p}"),
         (top_k == -1 or top_k >= 1, f"top_k must be -1 (disable) or at least 1, got {top_k}"),
@@ -113,10 +139,20 @@ def parse_sampling(params: Any, vocab_size: int) -> tuple[SamplingParams, int]:
     if not isinstance(ignore_eos, bool):
         raise EngineError("sampling_params.ignore_eos must be a boolean")
     sampling = SamplingParams(
-        max_new_tokens=max_new, temperature=temperature, top_p=top_p,
-        top_k=-1 if top_k >= _TOP_K_ALL else top_k, stop_token_ids=tuple(stop_ids), stop=tuple(stop), seed=seed,
-        min_p=min_p, repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence,
-        min_new_tokens=min_new, ignore_eos=ignore_eos, logit_bias=pairs,
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=-1 if top_k >= _TOP_K_ALL else top_k,
+        stop_token_ids=tuple(stop_ids),
+        stop=tuple(stop),
+        seed=seed,
+        min_p=min_p,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        min_new_tokens=min_new,
+        ignore_eos=ignore_eos,
+        logit_bias=pairs,
     )
     return sampling, n
 
@@ -130,7 +166,9 @@ def _token_list(value: Any, vocab_size: int) -> list[int]:
     return value
 
 
-def parse_generate(body: dict[str, Any], tokenizer: Any, vocab_size: int, context_len: int) -> tuple[list[GenerateCall], bool]:
+def parse_generate(
+    body: dict[str, Any], tokenizer: Any, vocab_size: int, context_len: int
+) -> tuple[list[GenerateCall], bool]:
     """A /generate body as its prompts (one, or a batch) and whether it was a batch; EngineError -> 400."""
     text, input_ids = body.get("text"), body.get("input_ids")
     if text is not None and input_ids is not None:
@@ -155,7 +193,11 @@ def parse_generate(body: dict[str, Any], tokenizer: Any, vocab_size: int, contex
     rids = body.get("rid")
     if batch:
         rids = rids if rids is not None else [None] * len(prompts)
-        if not isinstance(rids, list) or len(rids) != len(prompts) or not all(r is None or isinstance(r, str) for r in rids):
+        if (
+            not isinstance(rids, list)
+            or len(rids) != len(prompts)
+            or not all(r is None or isinstance(r, str) for r in rids)
+        ):
             raise EngineError("rid must be a list of strings, one per prompt")
     else:
         if rids is not None and not isinstance(rids, str):
@@ -171,7 +213,9 @@ def parse_generate(body: dict[str, Any], tokenizer: Any, vocab_size: int, contex
         if not ids:
             raise EngineError("the prompt is empty")
         if len(ids) >= context_len:
-            raise EngineError(f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens).")
+            raise EngineError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length ({context_len} tokens)."
+            )
         if len(ids) + sampling.max_new_tokens > context_len:
             raise EngineError(
                 f"Requested token count exceeds the model's maximum context length of {context_len} tokens: "
@@ -193,7 +237,9 @@ def weight_spans(token_versions: list[int], labels: dict[int, str], current: str
     return spans or [{"version": current, "start": 0, "end": 0}]
 
 
-def generate_response(result: GenerateResult, text: str, return_logprob: bool, spans: list[dict[str, Any]]) -> dict[str, Any]:
+def generate_response(
+    result: GenerateResult, text: str, return_logprob: bool, spans: list[dict[str, Any]]
+) -> dict[str, Any]:
     """A GenerateResult as SGLang's /generate response object."""
     finish: dict[str, Any] = {"type": result.finish_reason}
     if result.finish_reason == "length":

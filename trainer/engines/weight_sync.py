@@ -14,15 +14,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from envhub.errors import EngineError
 
-_DTYPES = {str(t).removeprefix("torch."): t for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)}
+_DTYPES = {
+    str(t).removeprefix("torch."): t
+    for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)
+}
 
 
 def encode_safetensors(named: Mapping[str, torch.Tensor]) -> str:
@@ -49,7 +53,6 @@ def decode_safetensors(payload: Any) -> dict[str, torch.Tensor]:
 def encode_sglang(named: Mapping[str, torch.Tensor], tp_size: int = 1) -> list[str]:
     """Tensors as SGLang's MultiprocessingSerializer payloads (ForkingPickler, base64), one per TP rank."""
     import io
-
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  registers the tensor reductions (shared memory / CUDA IPC)
@@ -69,8 +72,16 @@ class WeightGroup:
     device: torch.device
 
     @classmethod
-    def join(cls, master_address: str, master_port: int, rank: int, world_size: int, backend: str, device: torch.device,
-             timeout_s: float = 300.0) -> "WeightGroup":
+    def join(
+        cls,
+        master_address: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        device: torch.device,
+        timeout_s: float = 300.0,
+    ) -> WeightGroup:
         """Connect to the TCP store at master (rank 0 hosts it) and form the group (blocks until all join)."""
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout)
@@ -91,7 +102,9 @@ class WeightGroup:
         return tensor
 
 
-def receive_named(group: WeightGroup, names: list[str], dtypes: list[str], shapes: list[list[int]]) -> dict[str, torch.Tensor]:
+def receive_named(
+    group: WeightGroup, names: list[str], dtypes: list[str], shapes: list[list[int]]
+) -> dict[str, torch.Tensor]:
     """Receive the tensors rank 0 broadcasts, in order (`/update_weights_from_distributed` on the server)."""
     if not (len(names) == len(dtypes) == len(shapes)):
         raise EngineError("names, dtypes and shapes must have the same length")
@@ -131,13 +144,19 @@ def add_routes(app: Any, handles_errors: Callable) -> None:
         return await reply(state, load, body)
 
     async def init_group(request: web.Request) -> web.Response:
-        """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name, backend}."""
+        """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
+        backend}."""
         state = request.app[STATE_KEY]
         body = await json_body(request)
         try:
             group = await asyncio.to_thread(
-                WeightGroup.join, str(body["master_address"]), int(body["master_port"]), int(body["rank_offset"]),
-                int(body["world_size"]), str(body.get("backend", "nccl")), state.engine.model.device,
+                WeightGroup.join,
+                str(body["master_address"]),
+                int(body["master_port"]),
+                int(body["rank_offset"]),
+                int(body["world_size"]),
+                str(body.get("backend", "nccl")),
+                state.engine.model.device,
             )
         except KeyError as exc:
             raise EngineError(f"init_weights_update_group needs {exc.args[0]}") from exc
@@ -155,7 +174,9 @@ def add_routes(app: Any, handles_errors: Callable) -> None:
             raise EngineError("no weight update group: call /init_weights_update_group first")
 
         async def load() -> None:
-            tensors = await asyncio.to_thread(receive_named, group, body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or [])
+            tensors = await asyncio.to_thread(
+                receive_named, group, body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or []
+            )
             await state.engine.update_weights(tensors, version=state.engine.version)
 
         return await reply(state, load, body)

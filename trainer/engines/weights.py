@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -17,7 +18,9 @@ def read_state(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path).expanduser()
     files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
     if not files:
-        raise EngineError(f"no safetensors weights at {path}", hint="save the policy with save_pretrained() or safetensors")
+        raise EngineError(
+            f"no safetensors weights at {path}", hint="save the policy with save_pretrained() or safetensors"
+        )
     state: dict[str, torch.Tensor] = {}
     for file in files:
         state.update(load_file(str(file)))
@@ -31,10 +34,14 @@ def load_state(model: Any, path_or_state: str | Path | Mapping[str, torch.Tensor
     targets.update(dict(model.named_buffers()))
     unknown = [name for name in state if name not in targets]
     if unknown:
-        raise EngineError(f"weights do not match the served model: unknown tensors {unknown[:3]}", hint="same architecture?")
+        raise EngineError(
+            f"weights do not match the served model: unknown tensors {unknown[:3]}", hint="same architecture?"
+        )
     for name, tensor in state.items():  # check everything before touching the served model
         if targets[name].shape != tensor.shape:
-            raise EngineError(f"shape mismatch for {name}: {tuple(tensor.shape)} vs served {tuple(targets[name].shape)}")
+            raise EngineError(
+                f"shape mismatch for {name}: {tuple(tensor.shape)} vs served {tuple(targets[name].shape)}"
+            )
     copied = 0
     with torch.no_grad():
         for name, tensor in state.items():

@@ -50,8 +50,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any, state: dict[str, Any], *,
-                    model_state: dict[str, torch.Tensor] | None = None, max_shard_size: str | int = "5GB", keep: int = 0) -> Path:
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    state: dict[str, Any],
+    *,
+    model_state: dict[str, torch.Tensor] | None = None,
+    max_shard_size: str | int = "5GB",
+    keep: int = 0,
+) -> Path:
     """Write step `step` under root/checkpoints/ atomically, point root/latest at it, keep the newest `keep` (0 = all).
 
     `model_state` (full CPU tensors, e.g. gathered from FSDP shards or a LoRA adapter) replaces
@@ -117,7 +127,10 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         absent = [f for f in files if not (path / f).exists()]
         if absent:
-            raise ConfigError(f"checkpoint {path} lacks shards {absent[:3]} named by its index", hint="the copy is incomplete; resume from another")
+            raise ConfigError(
+                f"checkpoint {path} lacks shards {absent[:3]} named by its index",
+                hint="the copy is incomplete; resume from another",
+            )
     else:
         files = sorted(p.name for p in path.glob("*.safetensors") if p.name != ADAPTER_FILE)
     if not files:
@@ -147,8 +160,11 @@ def load_weights_strict(model: Any, state: dict[str, torch.Tensor], where: str =
     unknown = sorted(set(state) - set(expected))
     wrong = sorted(k for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
     if missing or unknown or wrong:
-        raise ConfigError(f"{where} does not match the model: missing {missing[:3]} ({len(missing)}), unknown {unknown[:3]} "
-                          f"({len(unknown)}), wrong shape {wrong[:3]}", hint="resume with the model the run was started with")
+        raise ConfigError(
+            f"{where} does not match the model: missing {missing[:3]} ({len(missing)}), unknown {unknown[:3]} "
+            f"({len(unknown)}), wrong shape {wrong[:3]}",
+            hint="resume with the model the run was started with",
+        )
     model.load_state_dict(state, strict=False)
 
 
@@ -159,12 +175,18 @@ def load_checkpoint(checkpoint: Checkpoint, model: Any, optimizer: Any) -> None:
     adapter = checkpoint.path / ADAPTER_FILE
     if adapter.exists():
         if not hasattr(model, "peft_config"):
-            raise ConfigError(f"checkpoint {checkpoint.path} holds a LoRA adapter but model.lora.r is 0", hint="resume with the run's model.lora")
+            raise ConfigError(
+                f"checkpoint {checkpoint.path} holds a LoRA adapter but model.lora.r is 0",
+                hint="resume with the run's model.lora",
+            )
         from envhub.trainer.learner.lora import load_adapter_state
 
         load_adapter_state(model, load_file(str(adapter)))
     elif hasattr(model, "peft_config"):
-        raise ConfigError(f"checkpoint {checkpoint.path} holds full weights but model.lora is set", hint="resume with the run's model.lora")
+        raise ConfigError(
+            f"checkpoint {checkpoint.path} holds full weights but model.lora is set",
+            hint="resume with the run's model.lora",
+        )
     else:
         load_weights_strict(model, read_weights(checkpoint.path), f"checkpoint {checkpoint.path}")
     if optimizer is not None:

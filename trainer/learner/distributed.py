@@ -23,8 +23,13 @@ import torch.distributed as dist
 from envhub.errors import ConfigError
 from envhub.trainer.learner.precision import resolve_device
 
-FOLLOWER_CALLS = {"step": "local_step", "engine_state": "local_engine_state", "checkpoint_state": "local_checkpoint_state",
-                  "broadcast_state": "local_broadcast_state", "load_sharded": "local_load_sharded"}
+FOLLOWER_CALLS = {
+    "step": "local_step",
+    "engine_state": "local_engine_state",
+    "checkpoint_state": "local_checkpoint_state",
+    "broadcast_state": "local_broadcast_state",
+    "load_sharded": "local_load_sharded",
+}
 
 
 @dataclass
@@ -71,7 +76,9 @@ class DistLearner:
     def command(self, name: str, *args: Any) -> None:
         """Rank 0 announces a collective learner call to the followers."""
         if self.rank == 0:
-            dist.broadcast_object_list([(name, args)], src=0, device=self.device if self.device.type == "cuda" else None)
+            dist.broadcast_object_list(
+                [(name, args)], src=0, device=self.device if self.device.type == "cuda" else None
+            )
 
     def full_model_state(self, model: Any) -> dict[str, torch.Tensor]:
         """Unsharded CPU weights (a collective under FSDP)."""
@@ -86,13 +93,19 @@ class DistLearner:
         if self.strategy == "fsdp":
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-            full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            full = get_optimizer_state_dict(
+                model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
             if "param_groups" not in full:  # with cpu_offload only rank 0 receives the gathered state
                 return full
             # keyed by parameter name; re-key by position as torch.optim does, so any strategy can resume from it
             index = {name: i for i, name in enumerate(n for group in full["param_groups"] for n in group["params"])}
-            return {"state": {index[name]: value for name, value in full["state"].items()},
-                    "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in full["param_groups"]]}
+            return {
+                "state": {index[name]: value for name, value in full["state"].items()},
+                "param_groups": [
+                    {**group, "params": [index[n] for n in group["params"]]} for group in full["param_groups"]
+                ],
+            }
         return copy.deepcopy(optimizer.state_dict())
 
     def shutdown(self) -> None:
@@ -147,14 +160,18 @@ def start_learner_processes(config: Any) -> DistLearner | None:
     if world <= 1:
         return None
     if _uses_cuda(config) and torch.cuda.device_count() < world:
-        raise ConfigError(f"learner.devices is {world} but only {torch.cuda.device_count()} GPUs are visible",
-                          hint="lower learner.devices, set CUDA_VISIBLE_DEVICES, or set model.device: cpu for gloo processes")
+        raise ConfigError(
+            f"learner.devices is {world} but only {torch.cuda.device_count()} GPUs are visible",
+            hint="lower learner.devices, set CUDA_VISIBLE_DEVICES, or set model.device: cpu for gloo processes",
+        )
     from envhub.trainer.config import config_to_dict
 
     address = f"tcp://127.0.0.1:{_free_port()}"
     context = torch.multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_follower_main, args=(rank, world, address, config_to_dict(config)), daemon=True)
-                 for rank in range(1, world)]
+    processes = [
+        context.Process(target=_follower_main, args=(rank, world, address, config_to_dict(config)), daemon=True)
+        for rank in range(1, world)
+    ]
     for process in processes:
         process.start()
     backend, device = _backend_and_device(0, _uses_cuda(config))
@@ -169,7 +186,9 @@ def follow(learner: Any) -> None:
     assert learner.dist is not None
     while True:
         message: list[Any] = [None]
-        dist.broadcast_object_list(message, src=0, device=learner.dist.device if learner.dist.device.type == "cuda" else None)
+        dist.broadcast_object_list(
+            message, src=0, device=learner.dist.device if learner.dist.device.type == "cuda" else None
+        )
         name, args = message[0]
         if name == "stop":
             return

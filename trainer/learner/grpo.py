@@ -16,14 +16,18 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-6, tol: float = 1e-6) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale_std: bool = True, eps: float = 1e-6, tol: float = 1e-6
+) -> torch.Tensor:
     """A_i = (r_i - mean(group)) / (std(group) + eps), std division optional; shape [B].
 
     A group whose std is at most `tol` has no signal and gets exactly 0 (dividing float noise by
     std + eps would otherwise turn rewards equal up to rounding into advantages of about +-1).
     """
     if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}"
+        )
     grouped = rewards.float().view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, unbiased=False, keepdim=True)

@@ -14,7 +14,9 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise ConfigError("model.lora needs the peft package", hint="pip install 'envhub[train]' (peft>=0.13)") from None
+        raise ConfigError(
+            "model.lora needs the peft package", hint="pip install 'envhub[train]' (peft>=0.13)"
+        ) from None
     return peft
 
 
@@ -24,10 +26,17 @@ def apply_lora(model: Any, config: LoraConfig) -> Any:
     names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     unknown = [m for m in config.target_modules if m not in names]
     if unknown:
-        raise ConfigError(f"model.lora.target_modules {unknown} are not linear layers of this model",
-                          hint=f"choose from {', '.join(sorted(names))}")
-    lora = peft.LoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                           target_modules=list(config.target_modules), task_type="CAUSAL_LM")
+        raise ConfigError(
+            f"model.lora.target_modules {unknown} are not linear layers of this model",
+            hint=f"choose from {', '.join(sorted(names))}",
+        )
+    lora = peft.LoraConfig(
+        r=config.r,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=list(config.target_modules),
+        task_type="CAUSAL_LM",
+    )
     return peft.get_peft_model(model, lora)
 
 
@@ -63,6 +72,8 @@ def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:
     expected = set(_peft().get_peft_model_state_dict(model))
     missing, unknown = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unknown:
-        raise ConfigError(f"LoRA checkpoint does not match the model: missing {missing[:3]}, unknown {unknown[:3]}",
-                          hint="resume with the same model.lora settings the run was started with")
+        raise ConfigError(
+            f"LoRA checkpoint does not match the model: missing {missing[:3]}, unknown {unknown[:3]}",
+            hint="resume with the same model.lora settings the run was started with",
+        )
     _peft().set_peft_model_state_dict(model, state)

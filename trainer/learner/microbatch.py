@@ -63,7 +63,9 @@ def _chunk_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, scal
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, chunk_tokens: int) -> torch.Tensor:
+def chunked_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head: Any, temperature: float, chunk_tokens: int
+) -> torch.Tensor:
     """log_softmax(head(hidden) / T)[target] for [N, H] hidden states, `chunk_tokens` rows at a time."""
     scale = temperature if temperature > 0 else 1.0
     chunk_tokens = max(chunk_tokens, 1)
@@ -71,7 +73,7 @@ def chunked_logprobs(hidden: torch.Tensor, targets: torch.Tensor, head: Any, tem
     recompute = torch.is_grad_enabled() and hidden.requires_grad and hidden.shape[0] > chunk_tokens
     parts = []
     for lo in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[lo:lo + chunk_tokens], targets[lo:lo + chunk_tokens]
+        h, t = hidden[lo : lo + chunk_tokens], targets[lo : lo + chunk_tokens]
         if recompute:
             parts.append(checkpoint(_chunk_logprobs, h, t, head, scale, use_reentrant=False))
         else:

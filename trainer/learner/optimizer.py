@@ -20,7 +20,9 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, schedule: str) -> 
     return 1.0
 
 
-def build_optimizer(params: Any, config: AlgorithmConfig, total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    params: Any, config: AlgorithmConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (fp32 state, since the params are fp32 masters) and its warmup/decay schedule."""
     trainable = [p for p in params if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)

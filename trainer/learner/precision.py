@@ -69,8 +69,13 @@ def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, 
     return {name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()) for name, t in state.items()}
 
 
-def export_weights(model: Any, path: str | Path, dtype: torch.dtype, state: dict[str, torch.Tensor] | None = None,
-                   max_shard_size: str | int = "5GB") -> Path:
+def export_weights(
+    model: Any,
+    path: str | Path,
+    dtype: torch.dtype,
+    state: dict[str, torch.Tensor] | None = None,
+    max_shard_size: str | int = "5GB",
+) -> Path:
     """Write a Hugging Face model directory whose tensors (and config dtype) are `dtype`."""
     path = Path(path)
     state = cast_state(state if state is not None else dict(model.state_dict()), dtype)
@@ -88,5 +93,7 @@ def check_fp32_masters(model: Any) -> None:
     """Raise when a trainable parameter is not fp32 (a bf16 master would silently lose updates)."""
     for name, param in model.named_parameters():
         if param.requires_grad and param.dtype != torch.float32:
-            raise ConfigError(f"trainable parameter {name} is {param.dtype}, not fp32",
-                              hint="load the policy in float32 and let autocast run bf16 compute")
+            raise ConfigError(
+                f"trainable parameter {name} is {param.dtype}, not fp32",
+                hint="load the policy in float32 and let autocast run bf16 compute",
+            )

@@ -35,7 +35,11 @@ def pick_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[torch.
 
 
 def sequence_logprobs(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float, loss_mask: torch.Tensor | None = None,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    loss_mask: torch.Tensor | None = None,
     chunk_tokens: int = 4096,
 ) -> torch.Tensor:
     """[B, T] logprob of token t given tokens < t, as log_softmax(logits / T) in fp32 (0 at t = 0 and off the mask)."""
@@ -70,9 +74,19 @@ class LearnerState:
 class Learner:
     """Owns the trained model and its AdamW optimizer; `step` applies one GRPO update."""
 
-    def __init__(self, model: Any, config: AlgorithmConfig, temperature: float, pad_id: int, *, precision: Precision | None = None,
-                 learner_config: LearnerConfig | None = None, lora: LoraConfig | None = None, total_steps: int = 0,
-                 dist: Any = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        config: AlgorithmConfig,
+        temperature: float,
+        pad_id: int,
+        *,
+        precision: Precision | None = None,
+        learner_config: LearnerConfig | None = None,
+        lora: LoraConfig | None = None,
+        total_steps: int = 0,
+        dist: Any = None,
+    ) -> None:
         self.config = config
         self.learner_config = learner_config or LearnerConfig()
         self.temperature = temperature
@@ -99,12 +113,20 @@ class Learner:
         self.kl_checked = False  # the logprob convention check runs on this process's first step
 
     @classmethod
-    def from_config(cls, config: Any, model: Any, tokenizer: Any, dist: Any = None) -> "Learner":
+    def from_config(cls, config: Any, model: Any, tokenizer: Any, dist: Any = None) -> Learner:
         """The learner a TrainConfig describes (every learner process builds it the same way)."""
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return cls(model, config.algorithm, config.rollout.temperature, pad_id,
-                   precision=resolve_precision(config.model.device, config.model.dtype), learner_config=config.learner,
-                   lora=config.model.lora, total_steps=config.budget.steps, dist=dist)
+        return cls(
+            model,
+            config.algorithm,
+            config.rollout.temperature,
+            pad_id,
+            precision=resolve_precision(config.model.device, config.model.dtype),
+            learner_config=config.learner,
+            lora=config.model.lora,
+            total_steps=config.budget.steps,
+            dist=dist,
+        )
 
     @property
     def sharded(self) -> bool:
@@ -116,8 +138,11 @@ class Learner:
         """True when only LoRA adapters are trained."""
         return hasattr(self.model, "peft_config")
 
-    def step(self, groups: list[list[Trajectory]], corrected: bool = False, *, min_version: int | None = None) -> dict[str, float]:
-        """One optimizer step on `groups`; tokens older than `min_version` are dropped or corrected (algorithm.stale)."""
+    def step(
+        self, groups: list[list[Trajectory]], corrected: bool = False, *, min_version: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on `groups`; tokens older than `min_version` are dropped or corrected
+        (algorithm.stale)."""
         if self.dist is not None:
             self.dist.command("step", groups, corrected, min_version)
         return self.local_step(groups, corrected, min_version)
@@ -127,15 +152,25 @@ class Learner:
         started = time.monotonic()
         cfg = self.config
         trajs = [t for g in groups for t in g]
-        advantages = torch.cat([
-            group_advantages(torch.tensor([t.reward for t in g]), len(g), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol)
-            for g in groups
-        ])
-        plan = plan_micro_batches([len(t.input_ids) for t in trajs], cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
+        advantages = torch.cat(
+            [
+                group_advantages(
+                    torch.tensor([t.reward for t in g]), len(g), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol
+                )
+                for g in groups
+            ]
+        )
+        plan = plan_micro_batches(
+            [len(t.input_ids) for t in trajs], cfg.max_tokens_per_micro_batch, cfg.micro_batch_size
+        )
         batches = [micro_batch(trajs, advantages, rows, self.pad_id) for rows in plan]
         stale_tokens = 0
         for mb in batches:  # per token: a long episode loses only its old tokens, never the whole episode
-            stale = (mb.loss_mask > 0) & (mb.versions < min_version) if min_version is not None else torch.zeros_like(mb.loss_mask, dtype=torch.bool)
+            stale = (
+                (mb.loss_mask > 0) & (mb.versions < min_version)
+                if min_version is not None
+                else torch.zeros_like(mb.loss_mask, dtype=torch.bool)
+            )
             if corrected and min_version is None:
                 stale = mb.loss_mask > 0  # caller's whole-batch correction
             stale_tokens += int(stale.sum())
@@ -165,10 +200,12 @@ class Learner:
         if first and cfg.max_initial_kl > 0 and kl > cfg.max_initial_kl:
             self.optimizer.zero_grad(set_to_none=True)
             raise LogprobMismatch(
-                f"first learner step: KL(behaviour || learner) = {kl:.4f} > algorithm.max_initial_kl = {cfg.max_initial_kl}; "
+                f"first learner step: KL(behaviour || learner) = {kl:.4f} > algorithm.max_initial_kl = "
+                f"{cfg.max_initial_kl}; "
                 f"the engine's logprobs are not the learner's log_softmax(logits / {self.temperature})",
-                hint="likely causes: a different temperature convention, a server returning logprobs before temperature "
-                     "scaling, or a dtype mismatch between engine and learner",
+                hint="likely causes: a different temperature convention, a server returning logprobs before "
+                "temperature "
+                "scaling, or a dtype mismatch between engine and learner",
             )
         skipped = not torch.isfinite(torch.tensor(grad_norm))
         if skipped:  # a NaN/inf gradient would poison the weights and then the engine: skip the step, count it
@@ -215,8 +252,16 @@ class Learner:
                     ref = self.reference(ids, attn, mask)
         proximal = torch.where(stale, logprobs.detach(), behavior) if bool(stale.any()) else None
         loss = policy_loss(
-            logprobs, behavior, mb.advantages.to(dev), mask, cfg.clip_low, cfg.clip_high,
-            proximal_logprobs=proximal, tis_cap=cfg.tis_cap if proximal is not None else None, ref_logprobs=ref, kl_coef=cfg.kl_coef,
+            logprobs,
+            behavior,
+            mb.advantages.to(dev),
+            mask,
+            cfg.clip_low,
+            cfg.clip_high,
+            proximal_logprobs=proximal,
+            tis_cap=cfg.tis_cap if proximal is not None else None,
+            ref_logprobs=ref,
+            kl_coef=cfg.kl_coef,
         )
         share = float(mask.sum()) / total_tokens * weight  # token mean over the whole step, not per micro-batch
         if loss.requires_grad:
@@ -225,9 +270,16 @@ class Learner:
             lp = logprobs.detach()
             ratio = torch.exp(lp - behavior)
             outside = ((ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + cfg.clip_high)).float()
-            return torch.tensor([float(loss.detach()) * share, float(masked_mean(outside, mask)) * share,
-                                 float(masked_mean(kl_k3(lp, behavior), mask)) * share, float(masked_mean(ratio, mask)) * share,
-                                 float(mask.sum()) * weight], dtype=torch.float64)
+            return torch.tensor(
+                [
+                    float(loss.detach()) * share,
+                    float(masked_mean(outside, mask)) * share,
+                    float(masked_mean(kl_k3(lp, behavior), mask)) * share,
+                    float(masked_mean(ratio, mask)) * share,
+                    float(mask.sum()) * weight,
+                ],
+                dtype=torch.float64,
+            )
 
     def engine_state(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Full weights for an engine in `dtype` (default: the engine dtype); LoRA adapters merged in."""
@@ -270,7 +322,11 @@ class Learner:
             model_state = self.dist.full_model_state(self.model)
         else:
             model_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        optimizer = self.dist.full_optimizer_state(self.model, self.optimizer) if self.dist is not None else copy.deepcopy(self.optimizer.state_dict())
+        optimizer = (
+            self.dist.full_optimizer_state(self.model, self.optimizer)
+            if self.dist is not None
+            else copy.deepcopy(self.optimizer.state_dict())
+        )
         return LearnerState(model=model_state, optimizer=optimizer, extra=extra, adapter_only=self.is_lora)
 
     def load_sharded_checkpoint(self, path: Any) -> None:
@@ -280,7 +336,10 @@ class Learner:
         state = read_weights(path)
         missing = sorted({name for name, _ in self.model.named_parameters()} - set(state))
         if missing:
-            raise ConfigError(f"checkpoint {path} lacks {missing[:3]} ({len(missing)})", hint="resume with the model the run was started with")
+            raise ConfigError(
+                f"checkpoint {path} lacks {missing[:3]} ({len(missing)})",
+                hint="resume with the model the run was started with",
+            )
         self.load_sharded(state, torch.load(path / "optimizer.pt", weights_only=False))
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
 
@@ -291,14 +350,22 @@ class Learner:
 
     def local_load_sharded(self, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]) -> None:
         """This process's part of `load_sharded` (followers pass empty dicts)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(self.model, model_state, options=options)
         if optimizer_state:  # torch.optim's positional keys -> parameter names, the optimizer's own order
             names = [name for name, p in self.model.named_parameters() if p.requires_grad]
-            optimizer_state = {"state": {names[int(i)]: v for i, v in optimizer_state["state"].items()},
-                               "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optimizer_state["param_groups"]]}
+            optimizer_state = {
+                "state": {names[int(i)]: v for i, v in optimizer_state["state"].items()},
+                "param_groups": [
+                    {**g, "params": [names[int(i)] for i in g["params"]]} for g in optimizer_state["param_groups"]
+                ],
+            }
         set_optimizer_state_dict(self.model, self.optimizer, optimizer_state, options=options)
 
     def broadcast_state(self) -> None:
@@ -316,7 +383,12 @@ class Learner:
             with torch.no_grad():
                 for tensor in self.model.state_dict().values():
                     torch_dist.broadcast(tensor, src=0)
-        state = (self.optimizer.state_dict() if replicated else None, self.scheduler.state_dict(), self.steps, self.skipped_steps)
+        state = (
+            self.optimizer.state_dict() if replicated else None,
+            self.scheduler.state_dict(),
+            self.steps,
+            self.skipped_steps,
+        )
         payload = [state] if self.dist.rank == 0 else [None]
         torch_dist.broadcast_object_list(payload, src=0)
         if self.dist.rank > 0:

@@ -53,7 +53,14 @@ def test_every_adapted_id_plays_or_fails_with_one_line(spec):
         except (AdapterUnavailable, UpstreamError) as exc:
             message = str(exc)
             assert "\n" not in message and len(message) < 600
-            assert ("nltk" in message.lower()) or ("OpenRouter" in message) or ("offline" in message) or ("lacks" in message) or ("compile" in message) or ("raised inside" in message)
+            assert (
+                ("nltk" in message.lower())
+                or ("OpenRouter" in message)
+                or ("offline" in message)
+                or ("lacks" in message)
+                or ("compile" in message)
+                or ("raised inside" in message)
+            )
 
 
 def test_each_family_registered_its_whole_registry():
@@ -62,8 +69,14 @@ def test_each_family_registered_its_whole_registry():
     import reasoning_gym.factory
     import textarena.envs.registration
 
-    assert STATUS["reasoning-gym"].ids == len(reasoning_gym.factory.DATASETS) == len(envhub.list_envs(tag="reasoning-gym"))
-    assert STATUS["textarena"].ids == len(textarena.envs.registration.ENV_REGISTRY) == len(envhub.list_envs(tag="textarena"))
+    assert (
+        STATUS["reasoning-gym"].ids == len(reasoning_gym.factory.DATASETS) == len(envhub.list_envs(tag="reasoning-gym"))
+    )
+    assert (
+        STATUS["textarena"].ids
+        == len(textarena.envs.registration.ENV_REGISTRY)
+        == len(envhub.list_envs(tag="textarena"))
+    )
     assert STATUS["gem"].ids == len(gem.envs.registration.ENV_REGISTRY) == len(envhub.list_envs(tag="gem"))
 
 

@@ -1,4 +1,5 @@
-"""Adapter families load through the entry point, lazily, from a per-version cache; a missing package registers nothing and says what to install."""
+"""Adapter families load through the entry point, lazily, from a per-version cache; a missing package registers nothing
+and says what to install."""
 
 import json
 import subprocess
@@ -8,17 +9,26 @@ import pytest
 
 import envhub
 from envhub.envs.adapters import family as family_module
-from envhub.envs.adapters.family import Family, STATUS, family_catalogue, family_lines, register_family
+from envhub.envs.adapters.family import STATUS, Family, family_catalogue, family_lines, register_family
 
 
 def test_import_envhub_does_not_import_the_other_hubs():
-    code = "import sys, envhub; print([m for m in ('reasoning_gym', 'textarena', 'gem', 'openenv') if m in sys.modules])"
+    code = (
+        "import sys, envhub; print([m for m in ('reasoning_gym', 'textarena', 'gem', 'openenv') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_a_missing_package_registers_nothing_and_make_names_the_extra():
-    ghost = Family(name="ghost-hub", distribution="envhub-no-such-distribution", module="envhub_no_such_module", extra="ghost", prefix="ghost-", licence="MIT")
+    ghost = Family(
+        name="ghost-hub",
+        distribution="envhub-no-such-distribution",
+        module="envhub_no_such_module",
+        extra="ghost",
+        prefix="ghost-",
+        licence="MIT",
+    )
     built = []
     status = register_family(ghost, lambda: built.append(1) or [], lambda record: "x")
     try:
@@ -52,7 +62,9 @@ def test_the_id_list_is_cached_per_package_version(tmp_path, monkeypatch):
 
 def test_envhub_list_shows_the_families_with_counts():
     pytest.importorskip("gem", reason="needs the adapters' packages (make install)")
-    out = subprocess.run([sys.executable, "-m", "envhub.cli.main", "list"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "list"], capture_output=True, text=True, check=True
+    ).stdout
     tail = out.split("adapted families")[1]
     for name, prefix in (("reasoning-gym", "rg-*"), ("textarena", "ta-*"), ("gem", "gem-*")):
         line = next(line for line in tail.splitlines() if line.strip().startswith(name))

@@ -1,4 +1,5 @@
-"""gem-* ids: GEM's text, rewards and episode ends pass through unchanged; its python tool runs under bwrap; hub datasets are refused."""
+"""gem-* ids: GEM's text, rewards and episode ends pass through unchanged; its python tool runs under bwrap; hub
+datasets are refused."""
 
 import shutil
 
@@ -11,11 +12,22 @@ from envhub.envs.adapters.family import AdapterUnavailable
 gem = pytest.importorskip("gem", reason="needs gem-llm (see docs/adapters.md)")
 
 
-@pytest.mark.parametrize("env_id, gem_id, actions", [
-    ("gem-game-GuessTheNumber-easy-v0", "game:GuessTheNumber-v0-easy", [r"\boxed{5}", r"\boxed{3}", r"\boxed{8}", r"\boxed{1}"]),
-    ("gem-game-Sokoban-easy-v0", "game:Sokoban-v0-easy", [r"\boxed{up}", r"\boxed{left}", "no box", r"\boxed{down}"]),
-    ("gem-rg-basic_arithmetic-v0", "rg:basic_arithmetic", [r"\boxed{12}"]),
-])
+@pytest.mark.parametrize(
+    "env_id, gem_id, actions",
+    [
+        (
+            "gem-game-GuessTheNumber-easy-v0",
+            "game:GuessTheNumber-v0-easy",
+            [r"\boxed{5}", r"\boxed{3}", r"\boxed{8}", r"\boxed{1}"],
+        ),
+        (
+            "gem-game-Sokoban-easy-v0",
+            "game:Sokoban-v0-easy",
+            [r"\boxed{up}", r"\boxed{left}", "no box", r"\boxed{down}"],
+        ),
+        ("gem-rg-basic_arithmetic-v0", "rg:basic_arithmetic", [r"\boxed{12}"]),
+    ],
+)
 def test_same_trajectory_as_gem_itself(env_id, gem_id, actions):
     ours, theirs = envhub.make(env_id), gem.make(gem_id)
     assert ours.reset(seed=4)[0] == theirs.reset(seed=4)[0]

@@ -12,9 +12,9 @@ import envhub
 from envhub.server.openenv_server import OpenEnvServer
 
 pytest.importorskip("openenv.core.env_server", reason="needs openenv-core (pip install 'envhub[openenv]')")
-from openenv.core.env_server import Environment, create_app  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+from openenv.core.env_server import Environment, create_app
+from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.generic_client import GenericEnvClient
 
 
 def _free_port() -> int:
@@ -165,7 +165,23 @@ def test_envhub_serve_protocol_openenv_from_the_command_line():
     import requests
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "FrozenLake-v0", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "envhub.cli.main",
+            "serve",
+            "--protocol",
+            "openenv",
+            "--env",
+            "FrozenLake-v0",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -181,14 +197,23 @@ def test_envhub_serve_protocol_openenv_from_the_command_line():
     finally:
         server.terminate()
         server.wait(10)
-    bad = subprocess.run([sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "FrozenLak-v0"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "FrozenLak-v0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("envhub: error: unknown environment 'FrozenLak-v0'")
 
 
 async def test_hostile_websocket_messages_get_errors_and_the_session_survives(envhub_openenv_server):
     import aiohttp
 
-    async with aiohttp.ClientSession() as http, http.ws_connect(envhub_openenv_server.replace("http", "ws") + "/ws") as ws:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(envhub_openenv_server.replace("http", "ws") + "/ws") as ws,
+    ):
+
         async def send(raw):
             await ws.send_str(raw)
             return await ws.receive_json(timeout=10)
@@ -197,7 +222,9 @@ async def test_hostile_websocket_messages_get_errors_and_the_session_survives(en
         assert (await send('{"type": "dance"}'))["data"]["code"] == "UNKNOWN_TYPE"
         assert "reset first" in (await send('{"type": "step", "data": {"text": "up"}}'))["data"]["message"]
         assert (await send('{"type": "reset", "data": {"seed": "x"}}'))["type"] == "error"
-        assert (await send('{"type": "reset", "data": {"seed": 1, "env_kwargs": {"size": 99}}}'))["type"] == "observation"
+        assert (await send('{"type": "reset", "data": {"seed": 1, "env_kwargs": {"size": 99}}}'))[
+            "type"
+        ] == "observation"
         assert (await send('{"type": "step", "data": {"text": 5}}'))["type"] == "error"
         assert (await send('{"type": "step", "data": {"text": "up"}}'))["type"] == "observation"
         await ws.send_str("x" * (2 << 20))  # over the 1 MiB cap: the server closes this socket
@@ -214,14 +241,23 @@ async def test_envhub_train_runs_on_an_openenv_server_and_a_reasoning_gym_task(o
     from envhub.trainer.config import config_from_dict
     from envhub.trainer.train import Trainer
 
-    config = config_from_dict({
-        "model": {"name": "tiny"},
-        "tasks": [{"env": "OpenEnv-v0", "kwargs": {"url": openenv_reference_server}}, {"env": "rg-basic_arithmetic-v0"}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 2},
-        "algorithm": {"groups_per_step": 2, "lr": 0.01, "filter_zero_variance": False},  # a random tiny model scores 0 everywhere
-        "budget": {"steps": 2, "checkpoint_every": 2},
-        "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [
+                {"env": "OpenEnv-v0", "kwargs": {"url": openenv_reference_server}},
+                {"env": "rg-basic_arithmetic-v0"},
+            ],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 2},
+            "algorithm": {
+                "groups_per_step": 2,
+                "lr": 0.01,
+                "filter_zero_variance": False,
+            },  # a random tiny model scores 0 everywhere
+            "budget": {"steps": 2, "checkpoint_every": 2},
+            "out_dir": str(tmp_path),
+        }
+    )
     result = await Trainer(config).run()
     assert result.last_step == 2 and not result.interrupted
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

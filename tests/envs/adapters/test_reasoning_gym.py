@@ -56,7 +56,9 @@ def test_a_scorer_that_crashes_on_junk_scores_zero():
 
 
 def test_composite_takes_datasets_as_dicts():
-    env = envhub.make("rg-composite-v0", datasets=[{"name": "basic_arithmetic", "weight": 1, "config": {"max_terms": 2}}])
+    env = envhub.make(
+        "rg-composite-v0", datasets=[{"name": "basic_arithmetic", "weight": 1, "config": {"max_terms": 2}}]
+    )
     question, info = env.reset(seed=2)
     assert question and info["task"] == "composite"
     with pytest.raises(envhub.ConfigError, match="needs datasets"):

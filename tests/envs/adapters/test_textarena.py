@@ -1,4 +1,5 @@
-"""ta-* ids: one-player games as AgentEnvs, multi-player ones as PettingZoo AEC envs playable with SelfPlay; TextArena's rewards kept."""
+"""ta-* ids: one-player games as AgentEnvs, multi-player ones as PettingZoo AEC envs playable with SelfPlay; TextArena's
+rewards kept."""
 
 import numpy as np
 import pytest
@@ -18,7 +19,9 @@ def test_ids_follow_envhub_form():
     assert envhub_id("Taboo-v0-city/country") == "ta-Taboo-city_country-v0"
 
 
-@pytest.mark.parametrize("env_id", ["ta-GuessTheNumber-v0", "ta-Minesweeper-raw-v0", "ta-Sokoban-v0", "ta-TowerOfHanoi-v0"])
+@pytest.mark.parametrize(
+    "env_id", ["ta-GuessTheNumber-v0", "ta-Minesweeper-raw-v0", "ta-Sokoban-v0", "ta-TowerOfHanoi-v0"]
+)
 def test_one_player_games_pass_check_env(env_id):
     env = envhub.make(env_id)
     check_env(env.unwrapped, skip_render_check=True)

@@ -34,7 +34,7 @@ def play_random(env, seed):
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     texts = []
-    for agent in env.agent_iter():
+    for _agent in env.agent_iter():
         obs, _, terminated, truncated, info = env.last()
         texts.append(obs["text"])
         env.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(info["action_mask"]))))
@@ -59,9 +59,17 @@ def test_text_observation_shows_board_turn_and_legal_moves():
 @pytest.mark.parametrize(
     "game, text, expected",
     [
-        (TicTacToeEnv(), "B2", 4), (TicTacToeEnv(), "a3", 6), (TicTacToeEnv(), "3c", 8), (TicTacToeEnv(), "7", 6),
-        (TicTacToeEnv(), "D4", None), (ConnectFourEnv(), "4", 3), (ConnectFourEnv(), "column 7", 6),
-        (ConnectFourEnv(), "8", None), (KuhnPokerEnv(), "call", 1), (KuhnPokerEnv(), "Fold.", 0), (KuhnPokerEnv(), "raise?", 1),
+        (TicTacToeEnv(), "B2", 4),
+        (TicTacToeEnv(), "a3", 6),
+        (TicTacToeEnv(), "3c", 8),
+        (TicTacToeEnv(), "7", 6),
+        (TicTacToeEnv(), "D4", None),
+        (ConnectFourEnv(), "4", 3),
+        (ConnectFourEnv(), "column 7", 6),
+        (ConnectFourEnv(), "8", None),
+        (KuhnPokerEnv(), "call", 1),
+        (KuhnPokerEnv(), "Fold.", 0),
+        (KuhnPokerEnv(), "raise?", 1),
         (KuhnPokerEnv(), "all in", None),
     ],
 )
@@ -145,7 +153,9 @@ def test_cli_lists_games_with_the_multi_agent_tag(capsys):
     from envhub.cli.main import main
 
     assert main(["list", "--tag", "multi-agent"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("ta-")]  # TextArena's, when installed
+    lines = [
+        line for line in capsys.readouterr().out.splitlines() if not line.startswith("ta-")
+    ]  # TextArena's, when installed
     assert sorted(line.split()[0] for line in lines) == sorted(GAME_IDS + ["RockPaperScissors-v0"])
     assert all("multi-agent" in line for line in lines)
     assert main(["info", "KuhnPoker-v0"]) == 0
@@ -162,7 +172,9 @@ def test_rock_paper_scissors_passes_parallel_api_test_and_scores_rounds():
     moves = [("paper", "rock"), ("rock", "rock"), ("s", "Rock!")]
     totals = {"player_0": 0.0, "player_1": 0.0}
     for mine, theirs in moves:
-        obs, rewards, terminations, _, infos = env.step({"player_0": env.parse_move(mine), "player_1": env.parse_move(theirs)})
+        obs, rewards, terminations, _, infos = env.step(
+            {"player_0": env.parse_move(mine), "player_1": env.parse_move(theirs)}
+        )
         totals = {a: totals[a] + rewards[a] for a in totals}
     assert totals == {"player_0": 0.0, "player_1": 0.0} and all(terminations.values()) and env.agents == []
     assert "Round 1: you rock, opponent paper." in obs["player_1"] and "Score: you 1, opponent 1" in obs["player_1"]

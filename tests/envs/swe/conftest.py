@@ -24,7 +24,8 @@ SOURCES = {
 
 @dataclass(frozen=True)
 class Published:
-    """Rows as published (one file per format), the instances they load as, and the repos their images are built from."""
+    """Rows as published (one file per format), the instances they load as, and the repos their images are built
+    from."""
 
     rows: dict[str, dict]
     files: dict[str, Path]

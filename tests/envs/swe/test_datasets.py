@@ -23,7 +23,9 @@ def test_each_format_loads_from_jsonl_with_its_image(tmp_path, fmt):
         "swebench": f"swebench/sweb.eval.x86_64.{inst.instance_id.replace('__', '_1776_')}:latest",
         "swegym": f"xingyaoww/sweb.eval.x86_64.{inst.instance_id.replace('__', '_s_')}:latest",
         "r2egym": row.get("docker_image"),
-        "swesmith": f"jyangballin/swesmith.x86_64.{row.get('image_name', '').split('.', 2)[-1].replace('__', '_1776_')}:latest",
+        "swesmith": "jyangballin/swesmith.x86_64."
+        + row.get("image_name", "").split(".", 2)[-1].replace("__", "_1776_")
+        + ":latest",
     }[fmt]
     assert inst.image == expected_image.lower()
     if fmt in ("swebench", "swegym"):

@@ -28,10 +28,37 @@ def task_file(published, tmp_path_factory):
 @pytest.mark.parametrize("which", ["gold", "empty"])
 def test_envhub_swe_grade_each_format(published, task_file, tmp_path, which):
     preds = tmp_path / "preds.jsonl"
-    preds.write_text("".join(json.dumps({"instance_id": i.instance_id, "model_patch": i.patch if which == "gold" else "",
-                                         "model_name_or_path": which}) + "\n" for i in published.instances.values()))
+    preds.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "instance_id": i.instance_id,
+                    "model_patch": i.patch if which == "gold" else "",
+                    "model_name_or_path": which,
+                }
+            )
+            + "\n"
+            for i in published.instances.values()
+        )
+    )
     out = tmp_path / "report.json"
-    assert main(["swe", "grade", "--tasks", str(task_file), "--predictions", str(preds), "--out", str(out), "--workers", "2"]) == 0
+    assert (
+        main(
+            [
+                "swe",
+                "grade",
+                "--tasks",
+                str(task_file),
+                "--predictions",
+                str(preds),
+                "--out",
+                str(out),
+                "--workers",
+                "2",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     ids = {fmt: inst.instance_id for fmt, inst in published.instances.items()}
     if which == "gold":
@@ -58,12 +85,16 @@ def test_gym_episode_in_the_instance_image(published, fmt):
         obs, info = env.reset(options={"instance_id": inst.instance_id})
         assert "/testbed" in obs and info["instance_id"] == inst.instance_id
         obs, *_ = env.step({"name": "bash", "arguments": {"command": "command -v python"}})
-        assert ("/root/.venv/bin/python" if fmt == "r2egym" else "/opt/miniconda3/envs/testbed/bin/python") in obs  # the image's own env
+        assert (
+            "/root/.venv/bin/python" if fmt == "r2egym" else "/opt/miniconda3/envs/testbed/bin/python"
+        ) in obs  # the image's own env
         _, reward, terminated, _, info = env.step({"name": "submit", "arguments": {}})
         assert terminated and reward == 0.0 and not info["resolved"]  # nothing changed: not resolved
         env.reset(options={"instance_id": inst.instance_id})
         patch = inst.patch.replace("'", "'\"'\"'")
-        obs, *_ = env.step({"name": "bash", "arguments": {"command": f"printf '%s' '{patch}' | git apply && echo applied"}})
+        obs, *_ = env.step(
+            {"name": "bash", "arguments": {"command": f"printf '%s' '{patch}' | git apply && echo applied"}}
+        )
         assert "applied" in obs, obs
         _, reward, terminated, _, info = env.step({"name": "submit", "arguments": {}})
         assert reward == 1.0 and info["resolved"] and info["grade"]["grader"] == GRADERS[fmt], info["reason"]
@@ -89,8 +120,10 @@ async def test_official_harness_handles_bad_patch_and_timeout(published):
 
     inst = published.instances["swebench"]
     bad = "diff --git a/nothing.py b/nothing.py\n--- a/nothing.py\n+++ b/nothing.py\n@@ -1 +1 @@\n-x\n+y\n"
-    hang = inst.patch + ("diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
-                         "@@ -0,0 +1,2 @@\n+import time\n+time.sleep(600)\n")
+    hang = inst.patch + (
+        "diff --git a/conftest.py b/conftest.py\nnew file mode 100644\n--- /dev/null\n+++ b/conftest.py\n"
+        "@@ -0,0 +1,2 @@\n+import time\n+time.sleep(600)\n"
+    )
     async with MultiImagePool(spares_budget=0) as pool:
         broken = await harness.grade(inst, bad, pool)
         slow = await harness.grade(inst, hang, pool, test_timeout=8)

@@ -14,8 +14,12 @@ async def test_gold_resolves_and_empty_does_not_for_every_bundled_task(base_imag
     instances = load_instances(BUNDLED_TASKS)
     repos_dir = build_bundled_repos()
     async with SandboxPool(backend="docker", image=base_image, size=4, max_size=8) as pool:
-        gold = await grade_predictions(instances, [Prediction(i.instance_id, i.patch, "gold") for i in instances], pool, repos_dir, concurrency=4)
-        empty = await grade_predictions(instances, [Prediction(i.instance_id, "", "empty") for i in instances], pool, repos_dir, concurrency=4)
+        gold = await grade_predictions(
+            instances, [Prediction(i.instance_id, i.patch, "gold") for i in instances], pool, repos_dir, concurrency=4
+        )
+        empty = await grade_predictions(
+            instances, [Prediction(i.instance_id, "", "empty") for i in instances], pool, repos_dir, concurrency=4
+        )
     ids = sorted(i.instance_id for i in instances)
     assert gold["resolved_ids"] == ids, {k: v["reason"] for k, v in gold["details"].items() if not v["resolved"]}
     assert empty["unresolved_ids"] == ids and not empty["resolved_ids"] and not empty["error_ids"]

@@ -26,15 +26,28 @@ async def env(docker_pool):
 
 async def test_scripted_agent_solves_a_task_through_the_tools(env):
     obs, info = await env.areset(options={"instance_id": TASK})
-    assert "variable named `e`" in obs and {t["function"]["name"] for t in info["tools"]} == {"bash", "view", "str_replace_edit", "submit"}
+    assert "variable named `e`" in obs and {t["function"]["name"] for t in info["tools"]} == {
+        "bash",
+        "view",
+        "str_replace_edit",
+        "submit",
+    }
     listing, *_ = await env.astep(tool_call("view", path="exprcalc"))
     assert "evaluator.py" in listing
     source, *_ = await env.astep(tool_call("view", path="exprcalc/evaluator.py"))
     assert "**CONSTANTS" in source
-    repro, *_ = await env.astep(tool_call("bash", command="python3 -c 'from exprcalc import evaluate; print(evaluate(\"e * 2\", {\"e\": 10}))'"))
+    repro, *_ = await env.astep(
+        tool_call("bash", command="python3 -c 'from exprcalc import evaluate; print(evaluate(\"e * 2\", {\"e\": 10}))'")
+    )
     assert "5.43" in repro
-    edited, *_ = await env.astep(tool_call("str_replace_edit", path="exprcalc/evaluator.py",
-                                           old_str="names = {**(variables or {}), **CONSTANTS}", new_str="names = {**CONSTANTS, **(variables or {})}"))
+    edited, *_ = await env.astep(
+        tool_call(
+            "str_replace_edit",
+            path="exprcalc/evaluator.py",
+            old_str="names = {**(variables or {}), **CONSTANTS}",
+            new_str="names = {**CONSTANTS, **(variables or {})}",
+        )
+    )
     assert "edited" in edited
     tests, reward, terminated, _, _ = await env.astep(tool_call("bash", command="python3 -m pytest -q 2>&1 | tail -1"))
     assert "passed" in tests and reward == 0.0 and not terminated
@@ -52,7 +65,13 @@ async def test_hostile_agent_gets_zero_with_a_reason_and_nothing_crashes(env):
     assert "timed out" in loop
     forkish, *_ = await env.astep(tool_call("bash", command="sleep 1000 & sleep 1000 & echo started"))
     assert "started" in forkish
-    binary, *_ = await env.astep(tool_call("bash", command="head -c 100000 /dev/urandom > blob.bin && printf '\\x00\\xff\\xfe' > exprcalc/evaluator.py && echo ok"))
+    binary, *_ = await env.astep(
+        tool_call(
+            "bash",
+            command="head -c 100000 /dev/urandom > blob.bin && printf '\\x00\\xff\\xfe' > exprcalc/evaluator.py && "
+            "echo ok",
+        )
+    )
     assert "ok" in binary
     viewed, *_ = await env.astep(tool_call("view", path="exprcalc/evaluator.py"))
     assert "not a UTF-8 text file" in viewed

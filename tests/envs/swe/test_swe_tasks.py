@@ -17,7 +17,9 @@ def test_bundled_set_size_and_shape():
     for inst in instances:
         assert inst.FAIL_TO_PASS and inst.PASS_TO_PASS and inst.patch.startswith("diff --git")
         assert files_in_patch(inst.test_patch) and all(t.startswith("tests/") for t in files_in_patch(inst.test_patch))
-        assert not any(p.startswith("tests/") for p in files_in_patch(inst.patch)), "the gold patch must not touch tests"
+        assert not any(p.startswith("tests/") for p in files_in_patch(inst.patch)), (
+            "the gold patch must not touch tests"
+        )
         assert len(inst.problem_statement) > 150
 
 
@@ -25,7 +27,9 @@ def test_bundled_jsonl_is_reproducible_from_the_package(tmp_path):
     repos_dir = build_bundled_repos(tmp_path)
     out = tmp_path / "tasks.jsonl"
     write_instances(bundled_instances(repos_dir), out)
-    assert out.read_text() == BUNDLED_TASKS.read_text(), "regenerate with `envhub swe build --write-jsonl envs/swe/data/tasks.jsonl`"
+    assert out.read_text() == BUNDLED_TASKS.read_text(), (
+        "regenerate with `envhub swe build --write-jsonl envs/swe/data/tasks.jsonl`"
+    )
 
 
 def test_repositories_have_deterministic_hashes(tmp_path):
@@ -39,14 +43,21 @@ def test_repositories_have_deterministic_hashes(tmp_path):
 def test_test_lists_may_be_json_strings_or_lists():
     row = json.loads(BUNDLED_TASKS.read_text().splitlines()[0])
     as_string = instance_from_dict(row)
-    as_list = instance_from_dict({**row, "FAIL_TO_PASS": json.loads(row["FAIL_TO_PASS"]), "PASS_TO_PASS": json.loads(row["PASS_TO_PASS"])})
+    as_list = instance_from_dict(
+        {**row, "FAIL_TO_PASS": json.loads(row["FAIL_TO_PASS"]), "PASS_TO_PASS": json.loads(row["PASS_TO_PASS"])}
+    )
     assert as_string == as_list and isinstance(as_string.FAIL_TO_PASS, tuple)
     assert as_string.repo_dirname == row["repo"].replace("/", "__")
 
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"patch": None}, "missing field"), ({"FAIL_TO_PASS": "[oops"}, "not a JSON list"), ({"PASS_TO_PASS": [1]}, "list of pytest node ids"), ({"repo": "noslash"}, "owner/name")],
+    [
+        ({"patch": None}, "missing field"),
+        ({"FAIL_TO_PASS": "[oops"}, "not a JSON list"),
+        ({"PASS_TO_PASS": [1]}, "list of pytest node ids"),
+        ({"repo": "noslash"}, "owner/name"),
+    ],
 )
 def test_malformed_instances_name_the_problem(change, message):
     row = json.loads(BUNDLED_TASKS.read_text().splitlines()[0])

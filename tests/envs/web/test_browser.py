@@ -16,7 +16,9 @@ def chromium():
     path = browser.find_chromium()
     if path is None:
         if os.environ.get("ENVHUB_REQUIRE_BROWSER") or os.environ.get("CI"):
-            pytest.fail("Chromium is not installed but this run requires it: apt-get install -y chromium (make install does)")
+            pytest.fail(
+                "Chromium is not installed but this run requires it: apt-get install -y chromium (make install does)"
+            )
         pytest.skip("Chromium is not installed (apt-get install -y chromium)")
     return path
 

@@ -98,10 +98,14 @@ async def test_tool_calls_and_loose_text_are_accepted():
         target = env.goal.target_asin
         obs, _, _, _, info = await env.astep({"name": "search", "arguments": {"query": target}})
         assert "error" not in info and f"[{target}]" in obs
-        obs, _, _, _, info = await env.astep(f'Let me open it.\n<tool_call>{{"name": "click", "arguments": {{"element": "{target}"}}}}</tool_call>')
+        obs, _, _, _, info = await env.astep(
+            f'Let me open it.\n<tool_call>{{"name": "click", "arguments": {{"element": "{target}"}}}}</tool_call>'
+        )
         assert "[Buy Now]" in obs
         dim, value = next(iter(env.goal.options.items()))
-        obs, _, _, _, info = await env.astep(f"The {dim} should be {value}, so: click[[{value}]]")  # value alone, bracketed
+        obs, _, _, _, info = await env.astep(
+            f"The {dim} should be {value}, so: click[[{value}]]"
+        )  # value alone, bracketed
         assert "error" not in info and f"[{dim}: {value}] (selected)" in obs
         two = '<tool_call>{"name": "click", "arguments": {"element": "Back to Search"}}</tool_call>' * 2
         obs, _, _, _, info = await env.astep(two)
@@ -116,7 +120,7 @@ def test_sync_api_step_limit_and_determinism():
         first, _ = env.reset(seed=11)
         assert env.reset(seed=11)[0] == first
         truncated = False
-        for step in range(20):
+        for _ in range(20):
             _, reward, terminated, truncated, _ = env.step("click[Nowhere]")
             assert not terminated
         assert truncated and reward == 0.0

@@ -26,7 +26,9 @@ async def test_pages_search_product_and_buy_over_http(shop_server):
         async with http.get(results.find(asin).href) as response:
             product = parse_page(await response.text())
         assert "Buy Now" in product.labels and any(label.startswith("color: ") for label in product.labels)
-        async with http.get(product.find(next(l for l in product.labels if l.startswith("color: "))).href) as response:
+        async with http.get(
+            product.find(next(label for label in product.labels if label.startswith("color: "))).href
+        ) as response:
             chosen = parse_page(await response.text())
         assert "(selected)" in chosen.text
         buy = chosen.find("Buy Now").form
@@ -75,8 +77,15 @@ async def test_module_entry_serves_the_shop_for_a_person(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "envhub.envs.web.shop", "--port", str(port), "--products", "200",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "envhub.envs.web.shop",
+        "--port",
+        str(port),
+        "--products",
+        "200",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     try:
         line = await asyncio.wait_for(process.stdout.readline(), 30)
@@ -85,7 +94,9 @@ async def test_module_entry_serves_the_shop_for_a_person(tmp_path):
             async with http.get(f"http://127.0.0.1:{port}/") as response:  # a new session with a random goal
                 page = parse_page(await response.text())
         assert "/s/" in str(response.url) and page.search_form is not None and "Instruction:" in page.text
-        env = WebShopEnv(n_products=200, shop_url=f"http://127.0.0.1:{port}")  # the env against a shop in another process
+        env = WebShopEnv(
+            n_products=200, shop_url=f"http://127.0.0.1:{port}"
+        )  # the env against a shop in another process
         try:
             await env.areset(seed=0)
             for action in env.oracle_actions():

@@ -34,7 +34,7 @@ async def engine(tiny_model, tokenizer):
 def _greedy_reference(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Plain transformers greedy decoding of one unpadded prompt."""
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def _recomputed_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:

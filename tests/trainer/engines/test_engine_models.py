@@ -14,7 +14,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -45,7 +47,9 @@ def test_local_model_directory_round_trip(tmp_path, tiny_model, tokenizer):
 async def test_smollm2_answers_seven_plus_five():
     engine = LocalEngine.from_pretrained("smollm2", device="cpu")
     try:
-        result = await engine.generate(chat_ids(engine.tokenizer, "What is 7+5?"), SamplingParams(max_new_tokens=40, temperature=0))
+        result = await engine.generate(
+            chat_ids(engine.tokenizer, "What is 7+5?"), SamplingParams(max_new_tokens=40, temperature=0)
+        )
         assert "12" in engine.tokenizer.decode(result.output_ids)
         assert result.finish_reason == "stop" and all(lp <= 0 for lp in result.logprobs)
     finally:
@@ -63,8 +67,12 @@ async def test_cuda_engine_bf16_logprobs_match_recomputation(tokenizer):
         prompt = tokenizer.encode("Hello there")
         result = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + result.output_ids], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
-        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(result.output_ids, device="cuda")[:, None])[:, 0]
+            logits = (
+                model(torch.tensor([prompt + result.output_ids], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
+            )
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(result.output_ids, device="cuda")[:, None])[
+            :, 0
+        ]
         assert result.logprobs == pytest.approx(expected.tolist(), abs=5e-2)
         assert engine.model.device.type == "cuda"
     finally:
@@ -78,7 +86,9 @@ async def test_smollm2_on_cuda_answers_seven_plus_five():
     engine = LocalEngine.from_pretrained("smollm2")
     try:
         assert engine.model.dtype == torch.bfloat16
-        result = await engine.generate(chat_ids(engine.tokenizer, "What is 7+5?"), SamplingParams(max_new_tokens=40, temperature=0))
+        result = await engine.generate(
+            chat_ids(engine.tokenizer, "What is 7+5?"), SamplingParams(max_new_tokens=40, temperature=0)
+        )
         assert "12" in engine.tokenizer.decode(result.output_ids)
     finally:
         await engine.close()

@@ -13,8 +13,8 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.server import start_engine_server
 from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.server import start_engine_server
 from envhub.trainer.engines.sglang import SGLangEngine, launch_sglang_server, sglang_command
 
 torch = pytest.importorskip("torch")
@@ -45,9 +45,9 @@ async def test_client_matches_local_engine(served, tiny_model, tokenizer):
         for sampling in params:
             remote = await asyncio.gather(*[client.generate(p, sampling) for p in prompts])
             local = await asyncio.gather(*[direct.generate(p, sampling) for p in prompts])
-            for r, l in zip(remote, local):
-                assert r.output_ids == l.output_ids and r.finish_reason == l.finish_reason
-                assert r.logprobs == pytest.approx(l.logprobs, abs=1e-5)
+            for r, loc in zip(remote, local):
+                assert r.output_ids == loc.output_ids and r.finish_reason == loc.finish_reason
+                assert r.logprobs == pytest.approx(loc.logprobs, abs=1e-5)
                 assert r.token_versions == [0] * len(r.output_ids)
     finally:
         await direct.close()
@@ -56,17 +56,28 @@ async def test_client_matches_local_engine(served, tiny_model, tokenizer):
 async def test_raw_http_subset(served, tokenizer):
     engine, server, _ = served
     async with aiohttp.ClientSession() as http:
-        body = {"input_ids": [tokenizer.encode("a b"), tokenizer.encode("c")], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+        body = {
+            "input_ids": [tokenizer.encode("a b"), tokenizer.encode("c")],
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+        }
         async with http.post(server.url + "/generate", json=body) as response:
             batch = await response.json()
         assert [len(b["output_ids"]) for b in batch] == [3, 3] and "output_token_logprobs" not in batch[0]["meta_info"]
         assert batch[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
-        async with http.post(server.url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}, "return_logprob": True}) as response:
+        async with http.post(
+            server.url + "/generate",
+            json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}, "return_logprob": True},
+        ) as response:
             one = await response.json()
         assert len(one["meta_info"]["output_token_logprobs"]) == 2 and isinstance(one["text"], str)
-        for bad, message in [({"input_ids": []}, "empty"), ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
-                             ({"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}}, "max_new_tokens"), ({}, "input_ids"),
-                             ({"input_ids": [1], "sampling_params": {"bogus": 1}}, "bogus"), ({"input_ids": [1], "text": "a"}, "same time")]:
+        for bad, message in [
+            ({"input_ids": []}, "empty"),
+            ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+            ({"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}}, "max_new_tokens"),
+            ({}, "input_ids"),
+            ({"input_ids": [1], "sampling_params": {"bogus": 1}}, "bogus"),
+            ({"input_ids": [1], "text": "a"}, "same time"),
+        ]:
             async with http.post(server.url + "/generate", json=bad) as response:
                 assert response.status == 400 and message in (await response.json())["error"]["message"]
         async with http.get(server.url + "/health") as response:
@@ -81,7 +92,9 @@ async def test_raw_http_subset(served, tokenizer):
 async def test_flush_cache_refused_while_running(served, tokenizer):
     engine, _, client = served
     assert await client.flush_cache()
-    long = asyncio.create_task(client.generate(tokenizer.encode("count"), SamplingParams(max_new_tokens=400, temperature=0)))
+    long = asyncio.create_task(
+        client.generate(tokenizer.encode("count"), SamplingParams(max_new_tokens=400, temperature=0))
+    )
     await _wait_for_tokens(engine, 3)
     assert not await client.flush_cache()
     await client.abort()
@@ -113,7 +126,9 @@ async def test_pause_abort_then_continue_resubmits(served, tokenizer):
 
     engine, server, client = served
     state = server.runner.app[STATE_KEY]
-    task = asyncio.create_task(client.generate(tokenizer.encode("Once"), SamplingParams(max_new_tokens=150, temperature=0), rid="once"))
+    task = asyncio.create_task(
+        client.generate(tokenizer.encode("Once"), SamplingParams(max_new_tokens=150, temperature=0), rid="once")
+    )
     await _wait_for_tokens(engine, 5)
     await client.pause(mode="abort")
     while "once/r1" not in state.active:  # the client has resubmitted; the server holds it while paused
@@ -127,7 +142,9 @@ async def test_pause_abort_then_continue_resubmits(served, tokenizer):
 
 async def test_user_abort_is_not_resubmitted(served, tokenizer):
     engine, _, client = served
-    task = asyncio.create_task(client.generate(tokenizer.encode("Go"), SamplingParams(max_new_tokens=400, temperature=0), rid="mine"))
+    task = asyncio.create_task(
+        client.generate(tokenizer.encode("Go"), SamplingParams(max_new_tokens=400, temperature=0), rid="mine")
+    )
     await _wait_for_tokens(engine, 3)
     await client.abort("mine")
     result = await task
@@ -168,8 +185,21 @@ async def test_serve_engine_cli_subprocess(tokenizer, tiny_model):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "envhub.cli.main", "serve-engine", "--model", "tiny", "--port", str(port), "--device", "cpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "envhub.cli.main",
+            "serve-engine",
+            "--model",
+            "tiny",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     client = SGLangEngine(f"http://127.0.0.1:{port}", retries=0)
     try:

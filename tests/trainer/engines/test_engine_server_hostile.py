@@ -38,12 +38,18 @@ async def test_weights_outside_allowed_dirs_or_not_safetensors_are_refused(serve
     (allowed / "model.bin").write_bytes(b"\x80\x04pickle")
     before = {n: p.clone() for n, p in engine.model.named_parameters()}
     for path, load_format, why in [
-        (str(outside), None, "outside"), (str(allowed / ".." / "outside"), None, "outside"),
-        (str(allowed / "link"), None, "outside"), (str(allowed / "model.bin"), None, "safetensors"),
-        (str(allowed), "pt", "safetensors"), (str(allowed), None, "no safetensors"), ("", None, "non-empty"),
+        (str(outside), None, "outside"),
+        (str(allowed / ".." / "outside"), None, "outside"),
+        (str(allowed / "link"), None, "outside"),
+        (str(allowed / "model.bin"), None, "safetensors"),
+        (str(allowed), "pt", "safetensors"),
+        (str(allowed), None, "no safetensors"),
+        ("", None, "non-empty"),
         ("/etc/passwd", None, "outside"),
     ]:
-        status, text = await post(server.url, "/update_weights_from_disk", json={"model_path": path, "load_format": load_format})
+        status, text = await post(
+            server.url, "/update_weights_from_disk", json={"model_path": path, "load_format": load_format}
+        )
         assert status == 400 and why in text, (path, text)
     assert all(torch.equal(before[n], p) for n, p in engine.model.named_parameters())  # nothing was loaded
     assert await engine.health()
@@ -51,7 +57,9 @@ async def test_weights_outside_allowed_dirs_or_not_safetensors_are_refused(serve
 
 async def test_oversized_and_malformed_bodies(served):
     _, server, _ = served
-    status, _ = await post(server.url, "/generate", data=b"x" * (2 * 1024 * 1024), headers={"Content-Type": "application/json"})
+    status, _ = await post(
+        server.url, "/generate", data=b"x" * (2 * 1024 * 1024), headers={"Content-Type": "application/json"}
+    )
     assert status == 413
     for data in (b"{not json", b"[1, 2]", b"\xff\xfe"):
         status, text = await post(server.url, "/generate", data=data, headers={"Content-Type": "application/json"})

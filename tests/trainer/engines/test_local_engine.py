@@ -67,7 +67,9 @@ async def test_seeded_sampling_is_reproducible_across_batch_compositions(engine,
 async def test_short_requests_finish_while_a_long_one_runs(engine, tokenizer):
     batch = prompts(tokenizer)
     long = asyncio.create_task(engine.generate(batch[0], SamplingParams(max_new_tokens=200, temperature=0)))
-    short = await asyncio.gather(*[engine.generate(p, SamplingParams(max_new_tokens=4, temperature=0)) for p in batch[1:]])
+    short = await asyncio.gather(
+        *[engine.generate(p, SamplingParams(max_new_tokens=4, temperature=0)) for p in batch[1:]]
+    )
     assert all(len(r.output_ids) <= 4 for r in short)
     assert not long.done()
     assert len((await long).output_ids) == 200 or (await long).finish_reason == "stop"
@@ -125,7 +127,9 @@ async def test_pause_modes_and_abort(engine, tokenizer):
     await engine.resume()
     assert len((await waiting).output_ids) == 5
 
-    raw = asyncio.create_task(engine.generate(batch[0], SamplingParams(max_new_tokens=300, temperature=0), resubmit_aborted=False))
+    raw = asyncio.create_task(
+        engine.generate(batch[0], SamplingParams(max_new_tokens=300, temperature=0), resubmit_aborted=False)
+    )
     while engine.stats.tokens < 10 or engine.num_running == 0:
         await asyncio.sleep(0.005)
     await engine.pause(mode="abort")
@@ -133,7 +137,9 @@ async def test_pause_modes_and_abort(engine, tokenizer):
     assert aborted.finish_reason == "abort" and 0 < len(aborted.output_ids) < 300
     await engine.resume()
 
-    victim = asyncio.create_task(engine.generate(batch[1], SamplingParams(max_new_tokens=300, temperature=0), rid="victim"))
+    victim = asyncio.create_task(
+        engine.generate(batch[1], SamplingParams(max_new_tokens=300, temperature=0), rid="victim")
+    )
     while engine.num_running == 0:
         await asyncio.sleep(0.005)
     assert await engine.abort("victim") == 1

@@ -19,6 +19,7 @@ def conversation(tokenizer, turn: int) -> list[int]:
 
 async def three_turns(engine, tokenizer, episodes=3):
     """Multi-turn episodes: each turn's prompt is the previous prompt + the model's answer + a new observation."""
+
     async def episode(i):
         ids = conversation(tokenizer, i)
         outputs = []
@@ -27,6 +28,7 @@ async def three_turns(engine, tokenizer, episodes=3):
             outputs.append(result)
             ids += result.output_ids + tokenizer.encode(f" Observation {turn}: you moved.")
         return outputs
+
     return await asyncio.gather(*[episode(i) for i in range(episodes)])
 
 
@@ -52,7 +54,9 @@ async def test_chunked_prefill_matches_and_interleaves_with_decoding(tiny_model,
     engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
     long_prompt = tokenizer.encode("word " * 70)
     try:
-        running = asyncio.create_task(engine.generate(tokenizer.encode("Hello"), SamplingParams(max_new_tokens=40, temperature=0)))
+        running = asyncio.create_task(
+            engine.generate(tokenizer.encode("Hello"), SamplingParams(max_new_tokens=40, temperature=0))
+        )
         while engine.stats.decode_steps < 2:
             await asyncio.sleep(0.005)
         long = await engine.generate(long_prompt, GREEDY)

@@ -12,7 +12,11 @@ torch = pytest.importorskip("torch")
 
 def test_top_k_one_and_tiny_top_p_are_greedy_but_report_unrestricted_logprobs():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-6)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5, top_k=1),
+        SamplingParams(temperature=2.0, top_p=1e-6),
+    ]
     tokens, logprobs = sample_next(logits, params, [None, None, None])
     assert tokens == logits.argmax(-1).tolist()
     for row, (p, t) in enumerate(zip(params, tokens)):
@@ -34,9 +38,11 @@ def test_samples_follow_the_tempered_distribution_within_top_k():
 def test_penalties_follow_sglangs_definitions():
     logits = torch.tensor([[3.0, 2.9, -1.0, 0.0]] * 3)
     history = [[0], [0, 0], [0]]
-    params = [SamplingParams(temperature=0.0, repetition_penalty=2.0),  # 3.0 / 2 = 1.5 < 2.9
-              SamplingParams(temperature=0.0, frequency_penalty=0.1),  # 3.0 - 0.2 = 2.8 < 2.9
-              SamplingParams(temperature=0.0, presence_penalty=0.05)]  # 3.0 - 0.05 = 2.95 > 2.9
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=2.0),  # 3.0 / 2 = 1.5 < 2.9
+        SamplingParams(temperature=0.0, frequency_penalty=0.1),  # 3.0 - 0.2 = 2.8 < 2.9
+        SamplingParams(temperature=0.0, presence_penalty=0.05),
+    ]  # 3.0 - 0.05 = 2.95 > 2.9
     tokens, logprobs = sample_next(logits, params, [None] * 3, history)
     assert tokens == [1, 1, 0]
     assert logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[1].item(), abs=1e-6)  # unpenalised logprob
@@ -58,5 +64,7 @@ def test_batched_rows_draw_like_single_rows_with_their_own_generators():
     logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
     params = [SamplingParams(temperature=0.9, top_p=0.8, seed=i, top_k=20) for i in range(4)]
     batched = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(4)])[0]
-    single = [sample_next(logits[i:i + 1], params[i:i + 1], [torch.Generator().manual_seed(i)])[0][0] for i in range(4)]
+    single = [
+        sample_next(logits[i : i + 1], params[i : i + 1], [torch.Generator().manual_seed(i)])[0][0] for i in range(4)
+    ]
     assert batched == single

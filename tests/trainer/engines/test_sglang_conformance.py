@@ -21,7 +21,6 @@ import pytest
 
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.server import start_engine_server
-from envhub.trainer.engines.server_state import STATE_KEY
 from envhub.trainer.engines.sglang import SGLangEngine
 
 REMOTE = os.environ.get("ENVHUB_SGLANG_URL")
@@ -57,12 +56,18 @@ async def url(engine, tmp_path):
 async def post(url, path, body):
     async with aiohttp.ClientSession() as http:
         async with http.post(url + path, json=body) as response:
-            return response.status, (await response.json() if response.content_type == "application/json" else await response.text())
+            return response.status, (
+                await response.json() if response.content_type == "application/json" else await response.text()
+            )
 
 
 async def test_generate_request_and_response_follow_sglangs_schema(api, url):
-    request = api.GenerateRequest(input_ids=[1, 2, 3], sampling_params=api.SamplingParams(max_new_tokens=5, temperature=0.0),
-                                  return_logprob=True, rid="conf-1")
+    request = api.GenerateRequest(
+        input_ids=[1, 2, 3],
+        sampling_params=api.SamplingParams(max_new_tokens=5, temperature=0.0),
+        return_logprob=True,
+        rid="conf-1",
+    )
     status, body = await post(url, "/generate", request.to_json_value())
     assert status == 200
     response = api.GenerateResponse.from_json_value(body)
@@ -109,7 +114,12 @@ async def test_bodies_sglang_refuses_get_400(api, url, body):
 
 
 async def test_stream_is_sse_of_cumulative_sglang_responses(api, url):
-    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4, "temperature": 0}, "stream": True, "return_logprob": True}
+    body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "stream": True,
+        "return_logprob": True,
+    }
     events = []
     async with aiohttp.ClientSession() as http:
         async with http.post(url + "/generate", json=body) as response:
@@ -145,12 +155,16 @@ async def test_update_without_weight_version_keeps_the_string(url, tokenizer, tm
     tiny_llama(tokenizer, seed=1).save_pretrained(tmp_path / "w")
     status, reply = await post(url, "/update_weights_from_disk", {"model_path": str(tmp_path / "w")})
     assert status == 200 and reply["success"]
-    status, reply = await post(url, "/update_weights_from_disk", {"model_path": str(tmp_path / "w"), "weight_version": "step_5"})
+    status, reply = await post(
+        url, "/update_weights_from_disk", {"model_path": str(tmp_path / "w"), "weight_version": "step_5"}
+    )
     async with aiohttp.ClientSession() as http:
         async with http.get(url + "/model_info") as response:
             info = await response.json()
     assert info["weight_version"] == "step_5" and info["model_path"] == str(tmp_path / "w")
-    status, reply = await post(url, "/update_weights_from_disk", {"model_path": str(tmp_path / "w"), "weight_version": 6})
+    status, reply = await post(
+        url, "/update_weights_from_disk", {"model_path": str(tmp_path / "w"), "weight_version": 6}
+    )
     assert status == 400
 
 
@@ -158,13 +172,19 @@ async def test_abort_matches_rid_prefixes_as_sglang(url, engine):
     if REMOTE:
         pytest.skip("needs the server's state")
     sampling = {"max_new_tokens": 400, "temperature": 0}
-    tasks = {rid: asyncio.create_task(post(url, "/generate", {"input_ids": [3, 4], "sampling_params": sampling, "rid": rid}))
-             for rid in ("job-1", "job-10", "job-1/r1", "job-2")}
+    tasks = {
+        rid: asyncio.create_task(post(url, "/generate", {"input_ids": [3, 4], "sampling_params": sampling, "rid": rid}))
+        for rid in ("job-1", "job-10", "job-1/r1", "job-2")
+    }
     while engine.num_running < 4:
         await asyncio.sleep(0.01)
     assert (await post(url, "/abort_request", {"rid": "job-1"}))[0] == 200
     done = {rid: (await asyncio.wait_for(t, 60))[1] for rid, t in tasks.items() if rid != "job-2"}
-    assert {rid: r["meta_info"]["finish_reason"]["type"] for rid, r in done.items()} == {"job-1": "abort", "job-10": "abort", "job-1/r1": "abort"}
+    assert {rid: r["meta_info"]["finish_reason"]["type"] for rid, r in done.items()} == {
+        "job-1": "abort",
+        "job-10": "abort",
+        "job-1/r1": "abort",
+    }
     assert not tasks["job-2"].done()
     await post(url, "/abort_request", {"abort_all": True})
     assert (await tasks["job-2"])[1]["meta_info"]["finish_reason"]["type"] == "abort"
@@ -176,15 +196,30 @@ async def test_openai_client_chat_with_tools_completions_and_models(url):
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     models = await client.models.list()
     name = models.data[0].id
-    tools = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
-    request = protocol.ChatCompletionRequest(model=name, messages=[{"role": "user", "content": "hi"}], tools=tools, max_tokens=6, temperature=0)
-    chat = await client.chat.completions.create(**request.model_dump(include={"model", "messages", "tools", "max_tokens", "temperature"}, exclude_none=True))
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "run",
+                "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+            },
+        }
+    ]
+    request = protocol.ChatCompletionRequest(
+        model=name, messages=[{"role": "user", "content": "hi"}], tools=tools, max_tokens=6, temperature=0
+    )
+    chat = await client.chat.completions.create(
+        **request.model_dump(include={"model", "messages", "tools", "max_tokens", "temperature"}, exclude_none=True)
+    )
     assert chat.choices[0].finish_reason in ("stop", "length", "tool_calls") and chat.usage.completion_tokens <= 6
     protocol.ChatCompletionResponse.model_validate(chat.model_dump())
     completion = await client.completions.create(model=name, prompt="Hello", max_tokens=3, temperature=0, n=2)
     assert len(completion.choices) == 2 and completion.usage.completion_tokens == 6
     protocol.CompletionResponse.model_validate(completion.model_dump())
-    stream = await client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)
+    stream = await client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
     pieces = [chunk async for chunk in stream]
     assert pieces[-1].choices[0].finish_reason in ("stop", "length")
     with pytest.raises(openai.BadRequestError):
@@ -198,7 +233,12 @@ async def test_api_key_as_sglang(engine, tmp_path):
         async with aiohttp.ClientSession() as http:
             async with http.get(server.url + "/health") as response:
                 assert response.status == 200  # probes stay open, as SGLang
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": "s3cret"},
+                {"Authorization": "Basic s3cret"},
+            ):
                 async with http.get(server.url + "/model_info", headers=headers) as response:
                     assert response.status == 401
         client = SGLangEngine(server.url, api_key="s3cret")

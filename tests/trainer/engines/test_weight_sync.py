@@ -62,7 +62,9 @@ async def test_paused_update_keeps_requests_running_and_versions_per_token(serve
     result = await task
     assert result.meta["resubmits"] == 0 and len(result.output_ids) == 150
     switch = result.token_versions.index(7)
-    assert 0 < switch < 150 and set(result.token_versions[:switch]) == {0} and set(result.token_versions[switch:]) == {7}
+    assert (
+        0 < switch < 150 and set(result.token_versions[:switch]) == {0} and set(result.token_versions[switch:]) == {7}
+    )
     await client.close()
 
 
@@ -102,7 +104,9 @@ async def test_distributed_group_broadcasts_weights_over_gloo(served, tokenizer)
         port = s.getsockname()[1]
     client = SGLangEngine(server.url)
     trainer_side = asyncio.to_thread(WeightGroup.join, "127.0.0.1", port, 0, 2, "gloo", torch.device("cpu"))
-    group, _ = await asyncio.gather(trainer_side, client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo"))
+    group, _ = await asyncio.gather(
+        trainer_side, client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
+    )
     new = {n: p.detach() for n, p in tiny_llama(tokenizer, seed=4).named_parameters()}
     await client.update_weights_from_distributed(new, group, version=3)
     assert torch.equal(dict(engine.model.named_parameters())["model.norm.weight"], new["model.norm.weight"])
@@ -118,7 +122,10 @@ async def test_turns_of_one_episode_stick_to_one_engine(tiny_model, tokenizer):
 
     async def episode(name: str) -> list[int]:
         episode_key.set(name)
-        return [(await multi.generate([1, 2, turn + 3], SamplingParams(max_new_tokens=2))).meta["engine"] for turn in range(3)]
+        return [
+            (await multi.generate([1, 2, turn + 3], SamplingParams(max_new_tokens=2))).meta["engine"]
+            for turn in range(3)
+        ]
 
     served = await asyncio.gather(*[episode(f"ep{i}") for i in range(4)])
     assert all(len(set(turns)) == 1 for turns in served)  # every turn of an episode on its first engine

@@ -25,12 +25,28 @@ def make_groups(model, n_groups=2, group_size=4, lengths=(12, 40), temperature=1
             ids = [rng.randrange(vocab) for _ in range(length)]
             mask = [0] * prompt + [1] * (length - prompt)
             with torch.no_grad():
-                lp = sequence_logprobs(model, torch.tensor([ids]), torch.ones(1, length, dtype=torch.long), temperature,
-                                       torch.tensor([mask], dtype=torch.float32))[0].tolist()
+                lp = sequence_logprobs(
+                    model,
+                    torch.tensor([ids]),
+                    torch.ones(1, length, dtype=torch.long),
+                    temperature,
+                    torch.tensor([mask], dtype=torch.float32),
+                )[0].tolist()
             reward = rewards[i] if rewards is not None else float((i + g) % 2)
-            group.append(Trajectory(input_ids=ids, loss_mask=mask, behavior_logprobs=lp,
-                                    versions=[-1] * prompt + [version] * (length - prompt), reward=reward, task="t",
-                                    group_id=f"g{g}", seed=g, turns=1, finish_reason="terminated"))
+            group.append(
+                Trajectory(
+                    input_ids=ids,
+                    loss_mask=mask,
+                    behavior_logprobs=lp,
+                    versions=[-1] * prompt + [version] * (length - prompt),
+                    reward=reward,
+                    task="t",
+                    group_id=f"g{g}",
+                    seed=g,
+                    turns=1,
+                    finish_reason="terminated",
+                )
+            )
         groups.append(group)
     return groups
 

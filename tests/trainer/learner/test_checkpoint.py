@@ -81,13 +81,21 @@ async def test_trainer_saves_off_the_event_loop(tmp_path, monkeypatch):
 
     threads = []
     original = train_module.save_checkpoint
-    monkeypatch.setattr(train_module, "save_checkpoint", lambda *a, **k: (threads.append(threading.current_thread()), original(*a, **k))[1])
-    config = config_from_dict({
-        "model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
-        "algorithm": {"groups_per_step": 1, "filter_zero_variance": False},
-        "budget": {"steps": 3, "checkpoint_every": 1, "checkpoint_keep": 1}, "out_dir": str(tmp_path),
-    })
+    monkeypatch.setattr(
+        train_module,
+        "save_checkpoint",
+        lambda *a, **k: (threads.append(threading.current_thread()), original(*a, **k))[1],
+    )
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
+            "algorithm": {"groups_per_step": 1, "filter_zero_variance": False},
+            "budget": {"steps": 3, "checkpoint_every": 1, "checkpoint_keep": 1},
+            "out_dir": str(tmp_path),
+        }
+    )
     result = await train_module.Trainer(config).run()
     assert result.last_step == 3 and len(threads) == 3
     assert all(t is not threading.main_thread() for t in threads)

@@ -19,11 +19,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def config(devices, strategy="ddp", **algorithm):
-    return config_from_dict({
-        "model": {"name": "tiny", "device": "cpu"}, "tasks": [{"env": "Letters-v0"}],
-        "algorithm": {"lr": 1e-4, "max_tokens_per_micro_batch": 96, "micro_batch_size": 0, **algorithm},
-        "learner": {"devices": devices, "strategy": strategy},
-    })
+    return config_from_dict(
+        {
+            "model": {"name": "tiny", "device": "cpu"},
+            "tasks": [{"env": "Letters-v0"}],
+            "algorithm": {"lr": 1e-4, "max_tokens_per_micro_batch": 96, "micro_batch_size": 0, **algorithm},
+            "learner": {"devices": devices, "strategy": strategy},
+        }
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -52,13 +55,17 @@ def test_two_processes_take_the_single_process_step(strategy):
     expected = dict(twin.named_parameters())
     assert set(weights) == set(expected)
     diffs = torch.cat([(weights[n] - expected[n].detach()).abs().flatten() for n in expected])
-    moved = torch.cat([(weights[n] - p.detach()).abs().flatten() for n, p in build_policy(config(1).model, 0)[0].named_parameters()])
+    moved = torch.cat(
+        [(weights[n] - p.detach()).abs().flatten() for n, p in build_policy(config(1).model, 0)[0].named_parameters()]
+    )
     assert moved.max() > 5e-5  # the step did move the weights
     # equal within float noise; Adam's sign(g) can flip only where g itself is rounding noise
     assert (diffs < 1e-6).float().mean() > 0.999 and diffs.max() <= 2.1e-4
     assert set(saved.model) >= set(expected)
     twin_optimizer = Learner.from_config(config(1), copy.deepcopy(twin), tokenizer).optimizer
-    twin_optimizer.load_state_dict(saved.optimizer)  # the gathered state is torch.optim's own format, whatever the strategy
+    twin_optimizer.load_state_dict(
+        saved.optimizer
+    )  # the gathered state is torch.optim's own format, whatever the strategy
     reference = single_learner.optimizer.state_dict()["state"]
     for i, state in saved.optimizer["state"].items():
         assert torch.allclose(state["exp_avg"], reference[i]["exp_avg"], atol=1e-6)
@@ -69,12 +76,19 @@ def test_two_processes_take_the_single_process_step(strategy):
 def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_path, strategy):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
-        "model: {name: tiny, device: cpu}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, max_turns: 1}\n"
+        "model: {name: tiny, device: cpu}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, "
+        "max_turns: 1}\n"
         "algorithm: {groups_per_step: 2, lr: 0.01, filter_zero_variance: false}\n"
         f"learner: {{devices: 2, strategy: {strategy}}}\n"
         f"budget: {{steps: 2, checkpoint_every: 1}}\nout_dir: {tmp_path / 'run'}\n"
     )
-    done = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt.step == 2
@@ -82,15 +96,25 @@ def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_
 
     loaded = AutoModelForCausalLM.from_pretrained(ckpt.path)
     assert all(torch.isfinite(p).all() for p in loaded.parameters())
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "3"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # ddp: rank 0 loads, then every process takes its weights; fsdp: rank 0's tensors are spread over the shards
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "run").step == 3
     other = "ddp" if strategy == "fsdp" else "fsdp"  # checkpoints do not depend on the strategy that wrote them
     cfg.write_text(cfg.read_text().replace(f"strategy: {strategy}", f"strategy: {other}"))
-    resumed = subprocess.run([sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "4"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert latest_checkpoint(tmp_path / "run").step == 4
 

@@ -8,14 +8,20 @@ from envhub.trainer.config import config_from_dict
 BASE = {"tasks": [{"env": "Letters-v0"}]}
 
 
-@pytest.mark.parametrize("section, match", [
-    ({"learner": {"devices": 0}}, "learner.devices must be at least 1"),
-    ({"learner": {"strategy": "zero3"}}, "must be one of ddp, fsdp"),
-    ({"algorithm": {"max_tokens_per_micro_batch": 0}}, "max_tokens_per_micro_batch must be positive"),
-    ({"algorithm": {"lr_schedule": "linear"}}, "must be one of constant, cosine"),
-    ({"model": {"lora": {"r": 8}}, "learner": {"devices": 2, "strategy": "fsdp"}}, "LoRA with learner.strategy fsdp"),
-    ({"model": {"lora": {"rank": 8}}}, "unknown config key 'model.lora.rank'.*known keys: r, alpha"),
-])
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"learner": {"devices": 0}}, "learner.devices must be at least 1"),
+        ({"learner": {"strategy": "zero3"}}, "must be one of ddp, fsdp"),
+        ({"algorithm": {"max_tokens_per_micro_batch": 0}}, "max_tokens_per_micro_batch must be positive"),
+        ({"algorithm": {"lr_schedule": "linear"}}, "must be one of constant, cosine"),
+        (
+            {"model": {"lora": {"r": 8}}, "learner": {"devices": 2, "strategy": "fsdp"}},
+            "LoRA with learner.strategy fsdp",
+        ),
+        ({"model": {"lora": {"rank": 8}}}, "unknown config key 'model.lora.rank'.*known keys: r, alpha"),
+    ],
+)
 def test_bad_learner_settings(section, match):
     with pytest.raises(ConfigError, match=match):
         config_from_dict({**BASE, **section})

@@ -29,7 +29,9 @@ def test_adapters_train_base_stays_and_engine_gets_peft_merged_weights(tiny_mode
     oracle = copy.deepcopy(learner.model).merge_and_unload()  # peft's own merge as the reference
     for name, tensor in oracle.named_parameters():
         assert torch.allclose(merged[name], tensor, atol=1e-6), name
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(merged["model.layers.0.self_attn.k_proj.weight"], base["model.layers.0.self_attn.k_proj.weight"])
     # a plain model with the merged weights scores tokens exactly as the adapted one
     served = tiny_llama(tokenizer, seed=7)
@@ -37,7 +39,9 @@ def test_adapters_train_base_stays_and_engine_gets_peft_merged_weights(tiny_mode
     ids = torch.tensor([groups[0][0].input_ids])
     ones = torch.ones_like(ids)
     with torch.no_grad():
-        assert torch.allclose(sequence_logprobs(served, ids, ones, 1.0), sequence_logprobs(learner.model, ids, ones, 1.0), atol=1e-5)
+        assert torch.allclose(
+            sequence_logprobs(served, ids, ones, 1.0), sequence_logprobs(learner.model, ids, ones, 1.0), atol=1e-5
+        )
 
 
 def test_checkpoint_holds_the_adapter_and_resumes(tiny_model, tokenizer, tmp_path):
@@ -67,9 +71,11 @@ async def test_training_run_with_lora_resumes(tmp_path):
 
     data = {
         "model": {"name": "tiny", "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
-        "tasks": [{"env": "Letters-v0"}], "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
+        "tasks": [{"env": "Letters-v0"}],
+        "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
         "algorithm": {"groups_per_step": 1, "lr": 0.01, "filter_zero_variance": False},
-        "budget": {"steps": 2, "checkpoint_every": 1}, "out_dir": str(tmp_path),
+        "budget": {"steps": 2, "checkpoint_every": 1},
+        "out_dir": str(tmp_path),
     }
     first = await Trainer(config_from_dict(data)).run()
     assert first.last_step == 2 and (latest_checkpoint(tmp_path).path / "adapter_model.safetensors").exists()

@@ -19,7 +19,9 @@ def test_bf16_run_moves_fp32_masters_by_lr_sized_steps(tiny_model):
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters() if ".layers." in n}
     stats = learner.step(make_groups(tiny_model))
     assert stats["step_skipped"] == 0.0
-    moved = torch.cat([(p.detach() - before[n]).abs().flatten() for n, p in tiny_model.named_parameters() if n in before])
+    moved = torch.cat(
+        [(p.detach() - before[n]).abs().flatten() for n, p in tiny_model.named_parameters() if n in before]
+    )
     # Adam's first step moves each weight with a gradient by ~lr: nearly all of them, by 0.5..1.5 lr
     share = ((moved > 0.5 * lr) & (moved < 1.5 * lr)).float().mean().item()
     assert share > 0.9, share
@@ -69,12 +71,16 @@ async def test_bf16_run_on_cpu_serves_bf16_and_checkpoints_fp32_masters(tmp_path
     from envhub.trainer.learner.checkpoint import latest_checkpoint
     from envhub.trainer.train import Trainer
 
-    config = config_from_dict({
-        "model": {"name": "tiny", "device": "cpu", "dtype": "bfloat16"}, "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
-        "algorithm": {"groups_per_step": 2, "lr": 1e-5, "filter_zero_variance": False},
-        "budget": {"steps": 2}, "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny", "device": "cpu", "dtype": "bfloat16"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 1e-5, "filter_zero_variance": False},
+            "budget": {"steps": 2},
+            "out_dir": str(tmp_path),
+        }
+    )
     trainer = Trainer(config)
     result = await trainer.run()
     assert result.last_step == 2 and all(r["learner"]["kl_behavior"] < 0.01 for r in result.history)  # seen: 2e-4

@@ -95,7 +95,9 @@ def test_micro_batching_does_not_change_the_update(tiny_model):
     many = Learner(twin, algo(max_tokens_per_micro_batch=64, micro_batch_size=0), 1.0, 0)
     grads = []
     for learner in (one, many):  # look at the accumulated gradient the optimizer would apply
-        learner.optimizer.step = lambda model=learner.model: grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        learner.optimizer.step = lambda model=learner.model: grads.append(
+            {n: p.grad.clone() for n, p in model.named_parameters()}
+        )
     a, b = one.step(groups), many.step(groups)
     assert a["micro_batches"] == 1 and b["micro_batches"] >= 6 and b["padded_tokens"] < a["padded_tokens"]
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -126,7 +128,9 @@ def test_correct_mode_weights_only_stale_tokens(tiny_model):
     groups[0][0].versions = [v if v < 0 else 1 for v in groups[0][0].versions]  # one stale episode
     learner = Learner(tiny_model, algo(stale="correct"), 1.0, 0)
     stats = learner.step(groups, min_version=2)
-    assert stats["stale_tokens"] == groups[0][0].num_model_tokens and stats["tokens"] == sum(t.num_model_tokens for g in groups for t in g)
+    assert stats["stale_tokens"] == groups[0][0].num_model_tokens and stats["tokens"] == sum(
+        t.num_model_tokens for g in groups for t in g
+    )
 
 
 def test_zero_variance_tolerance_in_advantages():

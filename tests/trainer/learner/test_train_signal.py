@@ -17,12 +17,16 @@ async def test_crashing_groups_give_back_their_admission_slots(tmp_path, monkeyp
         return await original(self, task, seed, group_id)
 
     monkeypatch.setattr(train_module.InProcessRollouts, "run_group", flaky)
-    config = config_from_dict({
-        "model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
-        "algorithm": {"groups_per_step": 2, "max_staleness": 1, "filter_zero_variance": False},
-        "budget": {"steps": 1, "checkpoint_every": 100}, "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 2, "max_new_tokens": 3, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "max_staleness": 1, "filter_zero_variance": False},
+            "budget": {"steps": 1, "checkpoint_every": 100},
+            "out_dir": str(tmp_path),
+        }
+    )
     result = await asyncio.wait_for(train_module.Trainer(config).run(), 120)
     assert result.last_step == 1 and result.history[0]["queue"]["failed"] >= 4
 
@@ -42,12 +46,18 @@ async def test_run_stops_on_the_first_step_when_engine_and_learner_disagree_on_l
         return real(skewed, *args, **kwargs)
 
     monkeypatch.setattr(Learner, "from_config", learner_at_half_temperature)
-    config = config_from_dict({
-        "model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}],
-        "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1, "temperature": 1.0},
-        "algorithm": {"groups_per_step": 2, "filter_zero_variance": False},
-        "budget": {"steps": 3}, "out_dir": str(tmp_path),
-    })
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1, "temperature": 1.0},
+            "algorithm": {"groups_per_step": 2, "filter_zero_variance": False},
+            "budget": {"steps": 3},
+            "out_dir": str(tmp_path),
+        }
+    )
     with pytest.raises(LogprobMismatch, match="temperature"):
         await asyncio.wait_for(train_module.Trainer(config).run(), 120)
-    assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()  # no step was taken
+    assert (
+        not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
+    )  # no step was taken
