@@ -69,7 +69,7 @@ class SessionTable:
         self._on_sweep = on_sweep  # also run on every reaper pass (the guard forgets idle clients)
         self._creating: dict[str, int] = {}  # client -> sessions being built, counted against the caps
         self._reaper: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()  # closes of timed-out sessions, kept referenced
+        self._background: set[asyncio.Future[Any]] = set()  # closes not awaited by their caller, kept referenced
 
     def counters(self) -> dict[str, Any]:
         """What /health reports: sessions held, the cap, sessions reaped and env calls timed out."""
@@ -129,16 +129,22 @@ class SessionTable:
         if self.sessions.pop(session.id, None) is None:
             return
         await self._close_env(session)
-        if session.on_close is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(session.on_close(), CLOSE_TIMEOUT)
+        if session.on_close is not None:  # in the background: a WebSocket waits for its client's close reply
+            self._in_background(self._bounded(session.on_close()))
+
+    def _in_background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     @staticmethod
-    async def _close_env(session: Session) -> None:
-        try:
-            await asyncio.wait_for(session.env.aclose(), CLOSE_TIMEOUT)
-        except Exception:
-            pass  # closing is best effort (and bounded); the session is gone either way
+    async def _bounded(work: Awaitable[Any]) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(work, CLOSE_TIMEOUT)
+
+    @classmethod
+    async def _close_env(cls, session: Session) -> None:
+        await cls._bounded(session.env.aclose())  # best effort; the session is gone either way
 
     async def reap_idle(self) -> int:
         """Close sessions idle longer than `idle_timeout`; returns how many were closed."""
@@ -161,9 +167,7 @@ class SessionTable:
         except TimeoutError:
             self.timed_out += 1
             if self.sessions.pop(session.id, None) is not None:  # gone now; a stuck env may also be slow to close
-                task = asyncio.get_running_loop().create_task(self._close_env(session))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._in_background(self._close_env(session))
             raise HTTPError(
                 504,
                 f"{session.env_id} took longer than {self.limits.step_timeout:g}s to {call}; the session was closed",
@@ -188,3 +192,4 @@ class SessionTable:
             self._reaper.cancel()
         for session in list(self.sessions.values()):
             await self.close(session)
+        await asyncio.gather(*self._background, return_exceptions=True)  # each is bounded by CLOSE_TIMEOUT
