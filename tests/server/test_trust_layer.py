@@ -296,3 +296,23 @@ async def test_a_client_setting_what_it_may_not_is_refused(start, protocol):
     text = opened.body["observation"] if protocol == "envhub" else opened.body["data"]["observation"]["text"]
     assert opened.ok and text == "ready plain"
     await client.close()
+
+
+async def test_openenv_server_applies_the_operator_policy(serve, tmp_path):
+    from envhub.server.openenv_server import OpenEnvServer
+    from envhub.server.policy import EnvPolicy, ServePolicy, load_policy
+
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(f"envs:\n  {ENV_ID}:\n    kwargs: {{label: operator}}\n")
+    running = serve("openenv", env_id=ENV_ID, policy=load_policy(policy_file))
+    client = Client("openenv", running.url)
+    opened = await client.open(seed=0)
+    assert opened.ok and opened.body["data"]["observation"]["text"] == "ready operator"  # the operator's kwargs
+    await client.close()
+    with pytest.raises(envhub.ConfigError, match="not served by the policy"):  # the served ids are the operator's
+        OpenEnvServer("Sokoban-v0", policy=load_policy(policy_file))
+    local = ServePolicy(envs={"SWE-v0": EnvPolicy(kwargs={"backend": "local"})})
+    with pytest.raises(envhub.ConfigError, match="outside any sandbox"):  # backend: local needs the loud opt-in
+        OpenEnvServer("SWE-v0", policy=local)
+    local.allow_local_backend = True
+    assert OpenEnvServer("SWE-v0", policy=local).env_kwargs == {"backend": "local"}

@@ -12,8 +12,17 @@ from tests.conftest import start_server
 
 pytest.importorskip("openenv.core.env_server", reason="needs openenv-core (pip install 'envhub[openenv]')")
 from openenv.core.env_server import Environment, create_app
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import (
+    Action,
+    Observation,
+    State,
+    WSErrorResponse,
+    WSObservationResponse,
+    WSStateResponse,
+)
 from openenv.core.generic_client import GenericEnvClient
+
+OPENENV_REPLY = {"observation": WSObservationResponse, "state": WSStateResponse, "error": WSErrorResponse}
 
 
 def _free_port() -> int:
@@ -204,7 +213,9 @@ async def test_hostile_websocket_messages_get_errors_and_the_session_survives(en
 
         async def send(raw):
             await ws.send_str(raw)
-            return await ws.receive_json(timeout=10)
+            reply = await ws.receive_json(timeout=10)
+            OPENENV_REPLY[reply["type"]].model_validate(reply)  # OpenEnv's own models accept every reply
+            return reply
 
         assert (await send("{not json"))["data"]["code"] == "INVALID_JSON"
         assert (await send('{"type": "dance"}'))["data"]["code"] == "UNKNOWN_TYPE"
@@ -213,6 +224,7 @@ async def test_hostile_websocket_messages_get_errors_and_the_session_survives(en
         refused = await send('{"type": "reset", "data": {"seed": 1, "env_kwargs": {"size": 99}}}')
         assert refused["data"]["code"] == "VALIDATION_ERROR" and "'env_kwargs'" in refused["data"]["message"]
         assert (await send('{"type": "reset", "data": {"seed": 1}}'))["type"] == "observation"
+        assert (await send('{"type": "state"}'))["data"]["step_count"] == 0
         assert (await send('{"type": "step", "data": {"text": 5}}'))["type"] == "error"
         assert (await send('{"type": "step", "data": {"text": "up"}}'))["type"] == "observation"
         await ws.send_str("x" * (2 << 20))  # over the 1 MiB cap: the server closes this socket
@@ -251,3 +263,29 @@ async def test_envhub_train_runs_on_an_openenv_server_and_a_reasoning_gym_task(o
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     seen = {key for row in rows for key in row}
     assert {"reward/OpenEnv-v0", "reward/rg-basic_arithmetic-v0"} <= seen
+
+
+async def test_openenvs_own_client_meets_the_trust_layer():
+    """OpenEnv's GenericEnvClient sees the trust layer's refusals as OpenEnv errors, and its session survives them."""
+    from envhub.server.guard import ServerLimits
+
+    # 0.1 requests/s (a bucket of one): the WebSocket upgrade takes it, so the first message is limited
+    limited, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(rate_limit=0.1))
+    try:
+        async with GenericEnvClient(base_url=limited.url, connect_timeout_s=10) as env:
+            with pytest.raises(RuntimeError, match="rate limit.*RATE_LIMITED"):
+                await env.reset(seed=3)
+    finally:
+        stop()
+    running, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(max_action_chars=100))
+    try:
+        async with GenericEnvClient(base_url=running.url, connect_timeout_s=10) as env:
+            with pytest.raises(RuntimeError, match="'dim'.*VALIDATION_ERROR"):  # env kwargs are the operator's
+                await env.reset(seed=3, dim=10)
+            first = await env.reset(seed=3)
+            assert first.observation["text"] == envhub.make("Sokoban-v0").reset(seed=3)[0]
+            with pytest.raises(RuntimeError, match="limit of 100.*VALIDATION_ERROR"):
+                await env.step({"text": "u" * 101})
+            assert (await env.step({"text": "up"})).observation["text"]
+    finally:
+        stop()
