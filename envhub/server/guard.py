@@ -2,7 +2,8 @@
 
 A client is its token (when the server has tokens) or its IP address. Tokens are compared in
 constant time (`hmac.compare_digest`) against every configured token. Each client has a token
-bucket of requests; an empty bucket answers 429 with `Retry-After`. Bodies are read with a size cap
+bucket of requests; an empty bucket answers 429 with `Retry-After` (a WebSocket message waits
+instead, so a socket is read no faster than its client's rate). Bodies are read with a size cap
 and a deadline (a client trickling bytes cannot hold a handler), then parsed as JSON of bounded
 nesting; WebSocket messages go through the same parser. Refusals are `HTTPError`s, which each
 protocol renders in its own error shape.
@@ -120,6 +121,19 @@ class ClientGuard:
                 {"Retry-After": str(max(1, math.ceil(wait)))},
             )
         self._buckets[client] = (left - 1, now)
+
+    async def pace(self, client: str) -> None:
+        """Take one request from the client's bucket, waiting for it when the bucket is empty (WebSocket messages:
+        slowed to the client's rate, never refused, as a client that waits out Retry-After would be)."""
+        rate = self.limits.rate_limit
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        left, last = self._buckets.get(client, (self._capacity, now))
+        left = min(self._capacity, left + (now - last) * rate) - 1  # below 0: owed, and waited for below
+        self._buckets[client] = (left, now)
+        if left < 0:
+            await asyncio.sleep(-left / rate)
 
     @property
     def _capacity(self) -> float:

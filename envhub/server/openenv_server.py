@@ -12,7 +12,8 @@ Routes, as OpenEnv's `openenv-core` server has them:
   POST /step      {"action": {"text"}, "seed"?} -> a fresh env reset and stepped once, then closed
 
 Clients are hostile, and meet the same trust layer as `envhub serve`: the `ClientGuard` (bearer tokens,
-per-client rate limit, body and message size, JSON depth) and the `SessionTable` (per-client and server
+per-client rate limit - requests over it get 429, WebSocket messages wait their turn -, body and message
+size, JSON depth) and the `SessionTable` (per-client and server
 session caps, idle reaping, env calls cut off after `step_timeout`); the stateless routes hold a session
 for the length of their request. The env and its kwargs are the operator's (`--env`, `--policy`); a
 client may set only `seed` and `episode_id`. Errors keep OpenEnv's shapes: HTTP `{"detail": ...}` (401,
@@ -66,8 +67,7 @@ RESET_FIELDS = frozenset({"seed", "episode_id"})  # all an OpenEnv client may se
 STEP_FIELDS = frozenset({"action", "seed", "episode_id", "timeout_s", "request_id"})  # StepRequest's, and our seed
 ACTION_FIELDS = frozenset({"text", "tool_call", "metadata"})
 MAX_EPISODE_ID = 255  # OpenEnv's ResetRequest bound
-# WebSocket error codes by the HTTP status of a refusal (OpenEnv's WSErrorCode, and RATE_LIMITED of ours)
-WS_CODES = {409: "EXECUTION_ERROR", 429: "RATE_LIMITED", 504: "EXECUTION_ERROR"}
+WS_CODES = {409: "EXECUTION_ERROR", 504: "EXECUTION_ERROR"}  # OpenEnv's WSErrorCode of a refusal, by HTTP status
 
 
 @dataclass
@@ -78,9 +78,9 @@ class _Episode:
     step_count: int = 0
 
 
-def ws_error(message: str, code: str, **extra: Any) -> dict[str, Any]:
+def ws_error(message: str, code: str) -> dict[str, Any]:
     """A WebSocket error reply in OpenEnv's shape (`WSErrorResponse`)."""
-    return {"type": "error", "data": {"message": message, "code": code, **extra}}
+    return {"type": "error", "data": {"message": message, "code": code}}
 
 
 class OpenEnvServer:
@@ -274,12 +274,10 @@ class OpenEnvServer:
 
     async def _reply(self, session: Session, episode: _Episode, client: str, raw: str) -> dict[str, Any] | None:
         """The reply to one client message; None for `close`."""
+        await self.guard.pace(client)  # each message counts against the client's rate; over it, it waits its turn
         try:
-            self.guard.admit(client)  # each message counts against the client's rate, like a request
             message = parse_json(raw)
         except HTTPError as exc:
-            if exc.status == 429:
-                return ws_error(exc.error, WS_CODES[429], retry_after=int(exc.headers["Retry-After"]))
             return ws_error(f"Invalid JSON: {exc.error}", "INVALID_JSON")
         if not isinstance(message, dict):
             return ws_error("a message must be a JSON object", "VALIDATION_ERROR")

@@ -192,15 +192,17 @@ async def test_rate_limit_is_a_429_with_retry_after(start, protocol):
     limited = [(body, headers) for status, body, headers in replies if status == 429]
     assert limited and all(int(h["Retry-After"]) >= 1 for _, h in limited)
     assert all("rate limit" in body[ERROR_FIELD[protocol]] for body, _ in limited)
+    started = time.monotonic()
     assert (await get(running.url, PROTECTED[protocol], "polite"))[0] == 200  # each client has its own bucket
-    if protocol == "openenv":  # WebSocket messages count like requests: a burst of them is limited too
+    if protocol == "openenv":  # WebSocket messages count like requests; over the rate they wait their turn
         client = Client(protocol, running.url, "polite")
         assert (await client.open(seed=0)).ok
-        for _ in range(40):
+        for _ in range(5):
             await client.ws.send_json({"type": "state"})
-        answers = [await client.receive() for _ in range(40)]
-        limited = [reply for reply in answers if reply.code == "RATE_LIMITED"]
-        assert limited and all(reply.body["data"]["retry_after"] >= 1 for reply in limited)
+        answers = [await client.receive() for _ in range(5)]
+        assert all(reply.ok for reply in answers)  # slowed, never refused: OpenEnv's clients have no retry
+        # 8 requests and messages from a full bucket of 4 at 2/s: the last cannot be answered before 2 s
+        assert time.monotonic() - started >= 1.95
         await client.close()
 
 

@@ -266,15 +266,19 @@ async def test_envhub_train_runs_on_an_openenv_server_and_a_reasoning_gym_task(o
 
 
 async def test_openenvs_own_client_meets_the_trust_layer():
-    """OpenEnv's GenericEnvClient sees the trust layer's refusals as OpenEnv errors, and its session survives them."""
+    """OpenEnv's GenericEnvClient is slowed to its rate, sees the trust layer's refusals as OpenEnv errors, and its
+    session survives them."""
     from envhub.server.guard import ServerLimits
 
-    # 0.1 requests/s (a bucket of one): the WebSocket upgrade takes it, so the first message is limited
-    limited, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(rate_limit=0.1))
+    # 1 request/s, bursts of 2: the WebSocket upgrade and 4 messages cannot all be answered before 3 s, and all are
+    limited, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(rate_limit=1))
     try:
+        started = time.monotonic()
         async with GenericEnvClient(base_url=limited.url, connect_timeout_s=10) as env:
-            with pytest.raises(RuntimeError, match="rate limit.*RATE_LIMITED"):
-                await env.reset(seed=3)
+            await env.reset(seed=3)
+            for _ in range(3):
+                await env.step({"text": "up"})
+        assert time.monotonic() - started >= 2.95
     finally:
         stop()
     running, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(max_action_chars=100))
