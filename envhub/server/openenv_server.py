@@ -168,10 +168,9 @@ class OpenEnvServer:
             raise HTTPError(400, f"{what} must be a JSON object")
         extra = sorted(set(data) - allowed)
         if extra:
+            why = "" if allowed is ACTION_FIELDS else ": env kwargs and options are the operator's on this server"
             raise HTTPError(
-                400,
-                f"{what} may carry only {', '.join(sorted(allowed))}, not {', '.join(map(repr, extra))}: env kwargs "
-                f"and options are the operator's on this server (envhub serve --policy)",
+                400, f"{what} may carry only {', '.join(sorted(allowed))}, not {', '.join(map(repr, extra))}{why}"
             )
         return data
 
