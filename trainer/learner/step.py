@@ -17,9 +17,10 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
-from envhub.trainer.learner.grpo import group_advantages, kl_k3, masked_mean, policy_loss
+from envhub.trainer.learner.grpo import group_advantages, kl_k3, masked_mean
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
+from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
 from envhub.trainer.learner.precision import Precision, cast_state, check_fp32_masters, resolve_precision
 from envhub.trainer.trajectory import Trajectory
 
@@ -187,7 +188,8 @@ class Learner:
 
         self.scorer.train()
         self.optimizer.zero_grad(set_to_none=True)
-        acc = torch.zeros(5, dtype=torch.float64)  # loss, clip fraction, kl, ratio, model tokens (all token-weighted)
+        names = pg_stat_names(cfg)  # the variant's and the IS correction's diagnostics follow the five below
+        acc = torch.zeros(5 + len(names), dtype=torch.float64)  # loss, clip fraction, kl, ratio, model tokens
         for i, (mb, weight) in enumerate(zip(mine, weights)):
             with self._sync(i == count - 1):
                 acc += self._micro_step(mb, weight, total_tokens, world)
@@ -230,6 +232,7 @@ class Learner:
             "step_skipped": float(skipped),
             "skipped_steps": float(self.skipped_steps),
             "learner_s": time.monotonic() - started,
+            **{name: float(acc[5 + i]) for i, name in enumerate(names)},
         }
 
     def _sync(self, last: bool) -> Any:
@@ -250,19 +253,10 @@ class Learner:
             if self.reference is not None:
                 with torch.no_grad():
                     ref = self.reference(ids, attn, mask)
-        proximal = torch.where(stale, logprobs.detach(), behavior) if bool(stale.any()) else None
-        loss = policy_loss(
-            logprobs,
-            behavior,
-            mb.advantages.to(dev),
-            mask,
-            cfg.clip_low,
-            cfg.clip_high,
-            proximal_logprobs=proximal,
-            tis_cap=cfg.tis_cap if proximal is not None else None,
-            ref_logprobs=ref,
-            kl_coef=cfg.kl_coef,
+        per_token, stats = pg_token_loss(
+            logprobs, behavior, mb.advantages.to(dev), mask, cfg, stale=stale, ref_logprobs=ref
         )
+        loss = masked_mean(per_token, mask)
         share = float(mask.sum()) / total_tokens * weight  # token mean over the whole step, not per micro-batch
         if loss.requires_grad:
             (loss * share * world).backward()  # DDP / FSDP average gradients over processes: undo it
@@ -277,6 +271,7 @@ class Learner:
                     float(masked_mean(kl_k3(lp, behavior), mask)) * share,
                     float(masked_mean(ratio, mask)) * share,
                     float(mask.sum()) * weight,
+                    *(stats[name] * share for name in pg_stat_names(cfg)),
                 ],
                 dtype=torch.float64,
             )
