@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import random
 import typing
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, ISCorrectionConfig, config_from_dict
@@ -403,3 +405,16 @@ def test_learner_steps_with_every_variant_and_reports_its_statistics(tiny_model,
     assert all(math.isfinite(stats[name]) for name in pg_stat_names(cfg))
     assert abs(stats["is_kl_k1"]) < 1e-6 and abs(stats["is_kl_k3"]) < 1e-6  # engine = learner here
     assert any(not torch.equal(a, b) for a, b in zip(before, tiny_model.parameters()))
+
+
+def test_the_documented_settings_are_the_defaults():
+    """docs/trainer.md lists every variant setting with its default: the block loads and matches the dataclass."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "trainer.md").read_text()
+    block = text.split("## Policy-gradient variants")[1].split("```yaml\n")[1].split("```")[0]
+    documented = yaml.safe_load(block)["algorithm"]
+    cfg = config_from_dict({"tasks": [{"env": "Math-v0"}], "algorithm": documented}).algorithm
+    assert cfg == AlgorithmConfig()
+    fields = set(PGParams.__dataclass_fields__) | {"pg_variant", "is_correction"}
+    assert set(documented) == fields and set(documented["is_correction"]) == set(
+        ISCorrectionConfig.__dataclass_fields__
+    )
