@@ -10,7 +10,8 @@ from typing import Any
 class MetricsLogger:
     """Writes metrics.jsonl, TensorBoard events (tb/) and reward_curve.png under `out_dir`."""
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, purge_step: int | None = None) -> None:
+        """`purge_step`: a resumed run's first step; TensorBoard hides what an earlier process logged from it on."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -19,7 +20,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(str(self.out_dir / "tb"))
+                self._writer = SummaryWriter(str(self.out_dir / "tb"), purge_step=purge_step)
             except ImportError:  # tensorboard is optional: JSONL and the PNG still work
                 self._writer = None
 

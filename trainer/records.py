@@ -8,7 +8,9 @@ Two kinds of JSON lines share the file:
 
 Each line is flushed as it is written, so a crash or Ctrl-C loses nothing already played. When the file passes
 `max_bytes` it is renamed to `episodes.NNNNNN.jsonl` and a fresh `episodes.jsonl` begins; `read_episodes` reads
-every shard in order and joins each episode with its group's outcome.
+every shard in order and joins each episode with its group's outcome. `state()` is what a checkpoint keeps of the
+recorder (its counters, the groups still undecided, where the file stood); `envhub.trainer.resume` puts the
+record back there when a run resumes.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class EpisodeRecorder:
         self.model_tokens = 0
         self.started = time.monotonic()
         self._pending: dict[str, str] = {}  # group id -> task, for groups whose outcome is not known yet
+        self.shards = len(list(self.out_dir.glob("episodes.[0-9]*.jsonl")))
         self._file = self.path.open("a", encoding="utf-8")
 
     def episode(self, trajectory: Trajectory, step: int) -> None:
@@ -143,9 +146,28 @@ class EpisodeRecorder:
 
     def close(self, step: int) -> None:
         """Mark groups still in flight as unfinished and close the file."""
-        for group_id, task in list(self._pending.items()):
-            self.group(group_id, task, "unfinished", step)
+        self.mark_unfinished(dict(self._pending), step)
         self._file.close()
+
+    def mark_unfinished(self, groups: dict[str, str], step: int) -> None:
+        """Record `groups` (group id -> task) as unfinished: their episodes were played, the group never trained."""
+        for group_id, task in groups.items():
+            self.group(group_id, task, "unfinished", step)
+
+    def state(self) -> dict[str, Any]:
+        """The per-task counters, the undecided groups and the file's position (shards, bytes), for a checkpoint."""
+        return {
+            "tasks": {task: asdict(c) for task, c in self.tasks.items()},
+            "episodes_done": self.episodes_done,
+            "pending": dict(self._pending),
+            "shards": self.shards,
+            "bytes": self._file.tell() if not self._file.closed else self.path.stat().st_size,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the counters of `state()` (the file itself is rewound by `envhub.trainer.resume`)."""
+        self.tasks.update({task: TaskCounters(**c) for task, c in state.get("tasks", {}).items()})
+        self.episodes_done = int(state.get("episodes_done", 0))
 
     def _turn(self, entry: dict[str, Any]) -> dict[str, Any]:
         turn = dict(entry)
@@ -175,6 +197,7 @@ class EpisodeRecorder:
         self._file.close()
         index = 1 + max((int(p.name.split(".")[1]) for p in self.out_dir.glob("episodes.[0-9]*.jsonl")), default=0)
         self.path.rename(self.out_dir / f"episodes.{index:06d}.jsonl")
+        self.shards += 1
         self._file = self.path.open("a", encoding="utf-8")
 
 

@@ -85,6 +85,22 @@ class TaskErrors:
                     "rollout.max_task_errors sets this threshold (0 never stops)",
                 )
 
+    def state(self) -> dict[str, Any]:
+        """Counts and last errors, for a checkpoint (a resumed run continues them)."""
+        return {
+            "total": dict(self.total),
+            "in_a_row": dict(self.in_a_row),
+            "last": {task: asdict(error) for task, error in self.last.items()},
+            "engine_errors": self.engine_errors,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the counts of `state()`."""
+        self.total = {k: int(v) for k, v in state.get("total", {}).items()}
+        self.in_a_row = {k: int(v) for k, v in state.get("in_a_row", {}).items()}
+        self.last = {k: EpisodeError(**v) for k, v in state.get("last", {}).items()}
+        self.engine_errors = int(state.get("engine_errors", 0))
+
     def metrics(self) -> dict[str, Any]:
         """Failed-episode counts and the last exception text per task, for the step's metrics row."""
         row: dict[str, Any] = {"engine_errors": self.engine_errors} if self.engine_errors else {}

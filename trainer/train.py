@@ -24,7 +24,7 @@ from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
-from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from envhub.trainer.learner.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
 from envhub.trainer.metrics import MetricsLogger
@@ -33,6 +33,7 @@ from envhub.trainer.preflight import preflight
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.queue import TrajectoryQueue
 from envhub.trainer.records import EpisodeRecorder
+from envhub.trainer.resume import ERRORS_FILE, record_state, restore_record, rewind_record
 from envhub.trainer.rollout import RolloutWorker
 from envhub.trainer.rollout_sources import LocalRollouts, RolloutSource
 from envhub.trainer.serving import build_engine, push_weights
@@ -170,7 +171,8 @@ class Trainer:
         await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
-        resuming = resume and latest_checkpoint(self.out_dir) is not None
+        saved = latest_checkpoint(self.out_dir) if resume else None
+        resuming = saved is not None
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
         self.engine = build_engine(cfg, model, tokenizer)  # before LoRA wraps the model: engines serve plain weights
@@ -184,11 +186,13 @@ class Trainer:
             algo.max_reward,
         )
         sampler = TaskSampler(cfg.tasks, cfg.seed)
-        step = self._restore(learner, queue, sampler) if resuming else 0
+        step = self._restore(saved, learner, queue, sampler) if saved is not None else 0
         if step:
             await push_weights(self.engine, learner, queue.version, cfg, self.out_dir)
         self.rollouts = await self._rollout_source(tokenizer)
-        errors = TaskErrors(cfg.rollout.max_task_errors, self.out_dir / "episode_errors.jsonl")
+        if resume:  # rows a killed process wrote past the checkpoint go: each step is recorded once
+            rewind_record(self.out_dir, saved.state.get("record") if saved is not None else None)
+        errors = TaskErrors(cfg.rollout.max_task_errors, self.out_dir / ERRORS_FILE)
         recorder = EpisodeRecorder(self.out_dir)
         producer = GroupProducer(
             self.rollouts,
@@ -198,7 +202,10 @@ class Trainer:
             concurrency=max(cfg.rollout.concurrent_groups, algo.groups_per_step),
             reward_window=2 * algo.groups_per_step * cfg.rollout.group_size,
         )
-        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, MetricsLogger(self.out_dir), producer)
+        if saved is not None and "record" in saved.state:
+            restore_record(saved.state["record"], recorder, errors, producer, step)
+        metrics = MetricsLogger(self.out_dir, purge_step=step + 1 if resume else None)
+        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, metrics, producer)
         run.evaluation, run.eval_model, run.step, run.first_step = evaluation, eval_model, step, step
         self._watch_episodes(run)
         return run
@@ -225,10 +232,8 @@ class Trainer:
                 await evaluation.measure("sft", model, tokenizer)
         return evaluation, copy.deepcopy(model) if evaluation is not None else None
 
-    def _restore(self, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
-        """Load the latest checkpoint into learner, queue and sampler; returns its step."""
-        checkpoint = latest_checkpoint(self.out_dir)
-        assert checkpoint is not None
+    def _restore(self, checkpoint: Checkpoint, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
+        """Load `checkpoint` into learner, queue and sampler; returns its step."""
         if learner.sharded:  # FSDP: rank 0 reads the full checkpoint, every process keeps its shards
             learner.load_sharded_checkpoint(checkpoint.path)
         else:
@@ -365,6 +370,7 @@ class Trainer:
             "sampler": run.sampler.state(),
             "version": run.queue.version,
             "learner": snapshot.extra,
+            "record": record_state(self.out_dir, run.recorder, run.errors, run.producer),  # where --resume rewinds to
         }
         budget = self.config.budget
         learner = run.learner
