@@ -54,6 +54,9 @@ class EngineConfig:
         "retract"  #: how a weight push pauses an SGLang server: retract, in_place, abort or none (blocking)
     )
     api_key: str = ""  #: the server's --api-key (default: $ENVHUB_ENGINE_API_KEY)
+    max_outage_s: float = (
+        300.0  #: an engine server that stops answering is waited for this long (backoff), then the run stops
+    )
 
 
 @dataclass
@@ -236,6 +239,8 @@ class TrainConfig:
         self.algorithm.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
+        if self.engine.max_outage_s < 0:
+            raise ConfigError(f"engine.max_outage_s must be >= 0 (0 = stop at once), got {self.engine.max_outage_s}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
         if self.model.lora.r > 0 and self.learner.devices > 1 and self.learner.strategy == "fsdp":

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envhub.trainer.records import write_failure
+
 
 class MetricsLogger:
     """Writes metrics.jsonl, TensorBoard events (tb/) and reward_curve.png under `out_dir`."""
@@ -27,13 +29,16 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one step's metrics (nested dicts become slash-separated keys)."""
         flat = _flatten(metrics)
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **flat}) + "\n")
-        if self._writer is not None:
-            for key, value in flat.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):  # None: nothing this step
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, **flat}) + "\n")
+            if self._writer is not None:
+                for key, value in flat.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):  # None: nothing this step
+                        self._writer.add_scalar(key, value, step)
+                self._writer.flush()  # raises what TensorBoard's writer thread met
+        except OSError as exc:
+            raise write_failure(Path(exc.filename) if exc.filename else self.path, exc) from exc
 
     def read(self) -> list[dict[str, Any]]:
         """Every logged row."""
@@ -71,8 +76,11 @@ class MetricsLogger:
     def close(self) -> None:
         """Flush and close TensorBoard."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            except OSError:  # a full disk: the failed write was reported by `log`
+                pass
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -65,7 +65,9 @@ class EnvWorker:
         rollout: RolloutConfig,
         entry_points: dict[str, str],
         api_key: str | None = None,
+        max_outage_s: float = 300.0,
     ) -> None:
+        from envhub.trainer.engine_watch import WatchedEngine
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
@@ -75,7 +77,8 @@ class EnvWorker:
             if env_id not in known:
                 envhub.register(env_id, entry)
         self._env_factory = env_factory
-        self.engine = http_engines(engine_urls, api_key=api_key)
+        # an engine server that dies mid-run is waited for and the episode's request resubmitted, as in the driver
+        self.engine = WatchedEngine(http_engines(engine_urls, api_key=api_key), max_outage_s)
         self.worker = RolloutWorker(self.engine, load_tokenizer(tokenizer_name), rollout)
         self.factories: dict[str, Any] = {}
 
@@ -109,7 +112,8 @@ class RayRolloutSource:
         self._server = server
         self._owns_ray = owns_ray
         api_key = getattr(server, "api_key", None) or config.engine.api_key or None
-        self._args = (engine_urls, config.model.name, config.rollout, _portable_entry_points(config.tasks), api_key)
+        entry_points = _portable_entry_points(config.tasks)
+        self._args = (engine_urls, config.model.name, config.rollout, entry_points, api_key, config.engine.max_outage_s)
         self._actor_cls = ray.remote(EnvWorker)
         self.actors = [self._new_actor() for _ in range(options.workers)]
         self.load = [0] * options.workers

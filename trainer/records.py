@@ -23,11 +23,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envhub.errors import EnvhubError
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.trajectory import Trajectory
 
 SUCCESS_REWARD = 1.0  # an episode whose return reaches this counts as a success in the per-task metrics
 OUTCOMES = ("trained", "filtered", "dropped_stale", "failed", "unfinished")
+
+
+class RecordError(EnvhubError):
+    """A file of the run record that cannot be written (disk full, read-only or unwritable run directory)."""
+
+
+def write_failure(path: Path, exc: OSError) -> RecordError:
+    """The one-line error for a record file that could not be written."""
+    return RecordError(
+        f"cannot write {path}: {exc.strerror or exc}",
+        hint=f"free space or fix the permissions of {path.parent}, then resume with --resume",
+    )
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -77,6 +90,7 @@ class EpisodeRecorder:
         self.started = time.monotonic()
         self._pending: dict[str, str] = {}  # group id -> task, for groups whose outcome is not known yet
         self.shards = len(list(self.out_dir.glob("episodes.[0-9]*.jsonl")))
+        self.write_error: RecordError | None = None  # set by the first write that fails; the trainer stops on it
         self._file = self.path.open("a", encoding="utf-8")
 
     def episode(self, trajectory: Trajectory, step: int) -> None:
@@ -147,7 +161,15 @@ class EpisodeRecorder:
     def close(self, step: int) -> None:
         """Mark groups still in flight as unfinished and close the file."""
         self.mark_unfinished(dict(self._pending), step)
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # a full disk: the failed write was reported when it happened
+            pass
+
+    def raise_if_failed(self) -> None:
+        """Raise the first write failure (RecordError), if any."""
+        if self.write_error is not None:
+            raise self.write_error
 
     def mark_unfinished(self, groups: dict[str, str], step: int) -> None:
         """Record `groups` (group id -> task) as unfinished: their episodes were played, the group never trained."""
@@ -186,12 +208,15 @@ class EpisodeRecorder:
         return turn
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file.closed:
+        if self._file.closed or self.write_error is not None:
             return
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
-        if self._file.tell() >= self.max_bytes:
-            self._rotate()
+        try:
+            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.flush()
+            if self._file.tell() >= self.max_bytes:
+                self._rotate()
+        except OSError as exc:  # never raised into the episode that ended: kept for the trainer to stop on
+            self.write_error = write_failure(self.path, exc)
 
     def _rotate(self) -> None:
         self._file.close()

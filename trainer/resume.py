@@ -12,17 +12,45 @@ were played, the group never trained. `--resume` with no checkpoint yet starts o
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
 
+from envhub.trainer.engine_watch import EngineDown
+from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.producer import GroupProducer
-from envhub.trainer.records import EpisodeRecorder
+from envhub.trainer.records import EpisodeRecorder, RecordError
 from envhub.trainer.task_errors import TaskErrors
 
 METRICS_FILE = "metrics.jsonl"
 ERRORS_FILE = "episode_errors.jsonl"
 EPISODES_FILE = "episodes.jsonl"
+# errors that say the run directory cannot take more writes (disk or quota full, read-only, permissions)
+RUN_DIR_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def stop_error(failure: BaseException, out_dir: Path, step: int | None) -> BaseException:
+    """A failure that stops a run (an engine gone, a run directory that cannot be written), restated in one line
+    naming the checkpoint to resume from; any other failure is returned as it is."""
+    if isinstance(failure, OSError) and failure.errno in RUN_DIR_ERRNOS:
+        where = failure.filename or out_dir
+        failure = RecordError(f"cannot write {where}: {failure.strerror}", hint=f"free space under {out_dir}")
+    if not isinstance(failure, (EngineDown, RecordError)):
+        return failure
+    at = f"the run stopped at step {step}" if step is not None else "the run stopped before its first step"
+    return type(failure)(f"{failure.args[0]}; {at}; {resume_advice(out_dir)}", hint=failure.hint)
+
+
+def resume_advice(out_dir: Path) -> str:
+    """Which checkpoint a stopped run resumes from, as the end of its one-line error."""
+    try:
+        saved = latest_checkpoint(out_dir)
+    except (OSError, ValueError, KeyError):
+        saved = None
+    if saved is None:
+        return "no checkpoint was written: the run starts over"
+    return f"resume from checkpoint {saved.path} (step {saved.step}) with --resume"
 
 
 def record_state(out_dir: Path, recorder: EpisodeRecorder, errors: TaskErrors, producer: GroupProducer) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import EnvhubError
+from envhub.trainer.records import RecordError, write_failure
 from envhub.trainer.trajectory import Trajectory
 
 ENV_STAGES = ("build", "reset", "step")  # where an exception is the env's (at "generate" it is the engine's)
@@ -45,6 +46,7 @@ class TaskErrors:
         self.in_a_row: dict[str, int] = {}
         self.last: dict[str, EpisodeError] = {}
         self.engine_errors = 0
+        self.write_error: RecordError | None = None  # the log could not be written (raised by raise_if_failing)
 
     def observe(self, trajectory: Trajectory) -> None:
         """Count one finished episode: an env error, an engine error, or an episode that ran (cancelled ones aside)."""
@@ -62,10 +64,13 @@ class TaskErrors:
         self.total[task] = self.total.get(task, 0) + 1
         self.in_a_row[task] = self.in_a_row.get(task, 0) + 1
         self.last[task] = error
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("a") as handle:
-                handle.write(json.dumps(asdict(error)) + "\n")
+        if self.log_path is not None and self.write_error is None:
+            try:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_path.open("a") as handle:
+                    handle.write(json.dumps(asdict(error)) + "\n")
+            except OSError as exc:
+                self.write_error = write_failure(self.log_path, exc)
 
     def succeeded(self, task: str) -> None:
         """Record an episode that ended without an exception."""
@@ -74,6 +79,8 @@ class TaskErrors:
     def raise_if_failing(self) -> None:
         """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed (never when the threshold is
         0)."""
+        if self.write_error is not None:
+            raise self.write_error
         if self.max_in_a_row <= 0:
             return
         for task, count in self.in_a_row.items():
