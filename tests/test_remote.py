@@ -412,3 +412,15 @@ def test_with_and_async_with_close_the_session_however_the_block_ends(env_server
     with pytest.raises(ValueError, match="the caller's own bug"):
         asyncio.run(inside_a_loop())
     assert opened and opened[0] not in env_server.server.sessions
+
+
+async def test_the_env_listing_is_cached_yet_shows_an_env_registered_later(env_server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(env_server.url + "/envs") as reply:
+            before = {e["id"] for e in await reply.json()}
+        envhub.register("ListedLaterTest-v0", CrashingStepEnv)
+        async with http.get(env_server.url + "/envs") as reply:
+            after = {e["id"] for e in await reply.json()}
+        async with http.get(env_server.url + "/envs", params={"tag": "no-such-tag"}) as reply:
+            assert await reply.json() == []
+    assert after - before == {"ListedLaterTest-v0"}
