@@ -40,6 +40,7 @@ from envhub.trainer.sft import warm_start
 from envhub.trainer.task_errors import TaskErrors
 from envhub.trainer.tasks import TaskSampler, env_factory
 from envhub.trainer.trajectory import Trajectory
+from envhub.user_modules import load_user_modules
 
 
 def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
@@ -164,6 +165,7 @@ class Trainer:
                 self.out_dir, 0, 0, False, time.monotonic() - started, None, stop_reason="learner follower"
             )
         try:
+            load_user_modules(cfg.imports, option="imports:")  # the config's own env modules (envhub train --import)
             await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         except BaseException:
             if self.learner_group is not None:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import importlib
 import ipaddress
 import os
-import sys
 from typing import Any
 
-from envhub.errors import ConfigError, EnvhubError
+from envhub.cli.imports import add_import_option
+from envhub.errors import EnvhubError
 from envhub.wire import TOKEN_ENV, endpoints_text
 
 
@@ -22,23 +21,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to anything
-
-
-def import_user_modules(modules: list[str]) -> None:
-    """Import `--import` modules (from the working directory too), so that the envs they register are served."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(
-            0, os.getcwd()
-        )  # the console script, unlike `python -m`, does not look in the working directory
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"--import {name}: {type(exc).__name__}: {exc}",
-                hint="give an importable module name (as in `python -c 'import NAME'`) from the working directory or "
-                "the environment",
-            ) from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -54,7 +36,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"refusing to serve on {args.host} without a token: anyone who can reach it could run envs on this host",
             hint=f"set {TOKEN_ENV} or pass --token, or bind 127.0.0.1",
         )
-    import_user_modules(args.imports or [])
     if args.protocol == "openenv":  # one env in OpenEnv's protocol (envhub/server/openenv_server.py)
         from envhub.server.openenv_server import serve
 
@@ -166,13 +147,7 @@ def add_commands(sub: Any) -> None:
         action="store_true",
         help="allow envs with backend 'local': model-written code runs on THIS HOST, unsandboxed",
     )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help="import MODULE first so that the envs it registers are served (repeatable)",
-    )
+    add_import_option(p)
     p.add_argument(
         "--idle-timeout", type=float, default=None, help="seconds before an idle session is closed (default 600)"
     )
