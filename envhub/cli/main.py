@@ -26,6 +26,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "envhub.cli.train",
     "envhub.cli.view",
     "envhub.cli.collect",
+    "envhub.cli.init",
 )
 
 
