@@ -1,8 +1,6 @@
-"""Shared pieces for the trainer integrations: the SmolLM2 tokenizer and a policy that plays FrozenLake's solver."""
+"""Shared pieces for the trainer integrations: the SmolLM2 tokenizer (plain, and with a tool template)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
@@ -22,16 +20,6 @@ def tool_tokenizer():
     from envhub.trainer.models import load_tokenizer
 
     return use_tool_template(load_tokenizer("tiny"))
-
-
-def move_call(direction: str) -> str:
-    """The model's text for one FrozenLake move, in the Hermes form the Qwen2.5 template writes."""
-    return "<tool_call>\n" + json.dumps({"name": "move", "arguments": {"direction": direction}}) + "\n</tool_call>"
-
-
-def solver_reply(env) -> str:
-    """What FrozenLake's own solver plays next, as model text (the env is envhub.make's, mid-episode)."""
-    return move_call(env.unwrapped.solve()[0])
 
 
 def runs(mask, ids, value):

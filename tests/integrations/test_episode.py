@@ -6,7 +6,8 @@ import pytest
 
 import envhub
 from envhub.integrations.episode import play_episode
-from tests.integrations.conftest import runs, solver_reply
+from tests.integrations.conftest import runs
+from tests.integrations.lake import solver_reply
 
 
 def solver_policy(env, tokenizer, replies):

@@ -7,7 +7,8 @@ import pytest
 
 import envhub
 from envhub.integrations.trl import EPISODE_OVER, dataset, environment_factory, tool_method, use_tool_template
-from tests.integrations.conftest import move_call, runs
+from tests.integrations.conftest import runs
+from tests.integrations.lake import lake_move, move_call
 
 trl = pytest.importorskip("trl")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
@@ -109,28 +110,20 @@ def grpo_args(tmp_path, **overrides):
 
 
 def solver_llama(tokenizer):
-    """The tiny random Llama, sampling replaced by FrozenLake's solver: TRL trains its weights on the solver's
-    tool calls (a random model almost never writes one, so the tool loop would go unexercised)."""
-    import re
-
+    """The tiny random Llama with sampling replaced by a FrozenLake solver that reads the conversation: TRL trains
+    its weights on the solver's tool calls (a random model almost never writes one, leaving the tool loop idle)."""
     import torch
     from transformers import LlamaForCausalLM
 
     from envhub.trainer.models import tiny_llama
-
-    lake = envhub.make("FrozenLake-v0", size=3)
 
     class SolverLlama(LlamaForCausalLM):
         def generate(self, input_ids=None, attention_mask=None, **kwargs):
             rows = []
             for ids, mask in zip(input_ids, attention_mask):
                 text = tokenizer.decode(ids[mask.bool()])
-                seed = int(re.search(r"lake number (\d+)", text).group(1))
-                done = text.count("<tool_response>")  # moves made so far
-                lake.reset(seed=seed)
-                for direction in lake.unwrapped.solve()[:done]:
-                    lake.step({"name": "move", "arguments": {"direction": direction}})
-                reply = "Done." if EPISODE_OVER in text else move_call(lake.unwrapped.solve()[0])
+                move = None if EPISODE_OVER in text else lake_move(text)
+                reply = move_call(move) if move else "Done."
                 rows.append(tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
             width = max(map(len, rows))
             rows = [r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows]
@@ -145,12 +138,6 @@ def solver_llama(tokenizer):
 @pytest.mark.slow
 def test_grpo_trainer_trains_on_a_tool_env_through_environment_factory(tool_tokenizer, tmp_path):
     train = dataset("FrozenLake-v0", [11, 12], size=3)
-
-    def name_the_lake(row):  # the solver policy reads the seed from the prompt (row text reaches the model as is)
-        system, user = row["prompt"]
-        return {"prompt": [system, {**user, "content": f"lake number {row['seed']}"}]}
-
-    train = train.map(name_the_lake)
     seeds = []
 
     class Recorded(environment_factory("FrozenLake-v0", size=3)):
