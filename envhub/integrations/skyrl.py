@@ -85,6 +85,7 @@ def write_dataset(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    ids = [envhub.spec(env_id).id for env_id in ([env_ids] if isinstance(env_ids, str) else env_ids)]  # known ids
     rows = [
         {
             "prompt": [{"role": "user", "content": ""}],
@@ -92,7 +93,7 @@ def write_dataset(
             "seed": int(seed),
             "data_source": f"envhub/{env_id}",
         }
-        for env_id in ([env_ids] if isinstance(env_ids, str) else list(env_ids))
+        for env_id in ids
         for seed in seeds
     ]
     path = Path(path)
