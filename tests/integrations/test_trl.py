@@ -199,3 +199,5 @@ def test_grpo_trainer_trains_on_a_text_env_through_rollout_func(tokenizer, tmp_p
             assert len(texts) == 2 and reward == pytest.approx(sum(scores))
     logged = [h["rewards/env_reward/mean"] for h in trainer.state.log_history if "reward" in h]
     assert logged == [pytest.approx(sum(o["env_reward"]) / 4) for o in outputs]
+    with pytest.raises(envhub.ConfigError, match="a prompt names no env"):  # a dataset not made by dataset()
+        rollout([[{"role": "user", "content": "hello"}]], trainer)
