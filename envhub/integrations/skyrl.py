@@ -63,7 +63,8 @@ def register(
 
     load_user_modules(imports, option="skyrl register imports:")
     ids = list(env_ids) if env_ids is not None else [s.id for s in envhub.list_envs() if not s.multiagent]
-    wanted = {prefix.rstrip("/"): {}} | {
+    generic = {prefix.rstrip("/"): {}} if prefix.rstrip("/") else {}  # reads env_id from the row
+    wanted = generic | {
         prefix + env_id: {"env_id": envhub.spec(env_id).id, **(env_kwargs or {}).get(env_id, {})} for env_id in ids
     }
     for skyrl_id, kwargs in wanted.items():

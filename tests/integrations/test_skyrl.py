@@ -27,6 +27,7 @@ def registered():
 def test_register_names_each_env_and_a_generic_one(registered):
     assert registered == ["envhub", "envhub/FrozenLake-v0", "envhub/Wordle-v0", "envhub/Letters-v0"]
     assert register(["FrozenLake-v0"], env_kwargs={"FrozenLake-v0": {"size": 3}})  # again: replaces, no error
+    assert register(["Letters-v0"], prefix="") == ["Letters-v0"]  # no prefix: no generic id named ""
 
 
 def test_skyrl_gym_plays_a_tool_env_to_its_reward():
