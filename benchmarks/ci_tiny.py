@@ -75,9 +75,10 @@ def main() -> None:
             run = train(config, seed, Path(work))
             report["runs"].append(run)
             Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+            before, after = (f"{v:.3f}" if v is not None else "-" for v in (run["eval_before"], run["eval_after"]))
             print(
-                f"seed {seed}: {run['steps']} steps ({run['stop_reason']}), eval {run['eval_before']} -> "
-                f"{run['eval_after']}, wall {run['wall_s']} s, cpu {run['cpu_s']} s, load {run['load_avg_1min']}",
+                f"seed {seed}: {run['steps']} steps ({run['stop_reason']}), eval {before} -> {after}, "
+                f"wall {run['wall_s']} s, cpu {run['cpu_s']} s, load {run['load_avg_1min']}",
                 flush=True,
             )
 

@@ -244,6 +244,11 @@ def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["view", str(tmp_path)]) == 2
     assert "no episodes.jsonl" in capsys.readouterr().err
+    write_run(tmp_path / "run")
+    assert main(["view", str(tmp_path / "run"), str(tmp_path / "missing")]) == 2
+    assert "'" + str(tmp_path / "missing") + "' not found" in capsys.readouterr().err
+    assert main(["view", str(tmp_path / "run"), str(tmp_path / "run" / ".." / "run")]) == 2
+    assert "given twice" in capsys.readouterr().err
 
 
 async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):
