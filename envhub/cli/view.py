@@ -11,7 +11,9 @@ when they change, so the page follows a run in progress on reload.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,19 +37,21 @@ class RunRecord:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     evaluation: Any = None
     _signature: tuple = ()
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # requests refresh from worker threads
 
     def refresh(self) -> None:
         """Re-read the run's files if any changed since the last read."""
         from envhub.trainer.records import episode_files, read_episodes
 
-        files = [*episode_files(self.run_dir), self.run_dir / "metrics.jsonl", self.run_dir / "eval.json"]
-        signature = _signature(files)
-        if signature == self._signature:
-            return
-        self.episodes = read_episodes(self.run_dir)
-        self.metrics = _read_jsonl(self.run_dir / "metrics.jsonl")
-        self.evaluation = _read_json(self.run_dir / "eval.json")
-        self._signature = signature
+        with self._lock:
+            files = [*episode_files(self.run_dir), self.run_dir / "metrics.jsonl", self.run_dir / "eval.json"]
+            signature = _signature(files)
+            if signature == self._signature:
+                return
+            self.episodes = read_episodes(self.run_dir)
+            self.metrics = _read_jsonl(self.run_dir / "metrics.jsonl")
+            self.evaluation = _read_json(self.run_dir / "eval.json")
+            self._signature = signature
 
     def index(self, run: int = 0) -> list[dict[str, Any]]:
         """A one-line summary of each episode, tagged with the run's position."""
@@ -149,8 +153,8 @@ def make_app(run_dirs: str | Path | Sequence[str | Path]) -> Any:
     runs = RunSet([Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs])
     template = resources.files("envhub.cli").joinpath("view_static/index.html").read_text(encoding="utf-8")
 
-    def query(request: web.Request) -> ListQuery:
-        runs.refresh()
+    async def query(request: web.Request) -> ListQuery:
+        await asyncio.to_thread(runs.refresh)  # a large record takes a while to read: not on the event loop
         return ListQuery.parse(request.query, len(runs.records))
 
     def html(text: str) -> web.Response:
@@ -161,13 +165,13 @@ def make_app(run_dirs: str | Path | Sequence[str | Path]) -> Any:
         return None if n is None else runs.records[n]
 
     async def page(request: web.Request) -> web.Response:
-        return html(runs.page(template, query(request)))
+        return html(runs.page(template, await query(request)))
 
     async def episodes(request: web.Request) -> web.Response:
-        return html(runs.episodes_html(query(request)))
+        return html(runs.episodes_html(await query(request)))
 
     async def detail(request: web.Request) -> web.Response:
-        return html(runs.detail_html(query(request)))
+        return html(runs.detail_html(await query(request)))
 
     async def run_list(request: web.Request) -> web.Response:
         listing = [{"run": n, "label": r.label, "dir": str(r.run_dir)} for n, r in enumerate(runs.records)]
@@ -176,13 +180,14 @@ def make_app(run_dirs: str | Path | Sequence[str | Path]) -> Any:
     async def summary(request: web.Request) -> web.Response:
         if (chosen := record(request)) is None:
             return web.json_response({"error": f"no such run; there are {len(runs.records)}"}, status=404)
+        await asyncio.to_thread(chosen.refresh)
         return web.json_response(chosen.summary())
 
     async def episode(request: web.Request) -> web.Response:
         chosen, raw = record(request), request.match_info["i"]
         if chosen is None:
             return web.json_response({"error": f"no such run; there are {len(runs.records)}"}, status=404)
-        chosen.refresh()
+        await asyncio.to_thread(chosen.refresh)
         if (i := parse_index(raw, len(chosen.episodes))) is None:
             return web.json_response(
                 {"error": f"no episode {raw[:40]!r}; there are {len(chosen.episodes)}"}, status=404
