@@ -23,6 +23,7 @@ from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
 from envhub.trainer.engines.routing import http_engines
 from envhub.trainer.rollout_sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
+from envhub.user_modules import load_user_modules
 
 
 @dataclass
@@ -66,12 +67,14 @@ class EnvWorker:
         entry_points: dict[str, str],
         api_key: str | None = None,
         max_outage_s: float = 300.0,
+        imports: tuple[str, ...] = (),
     ) -> None:
         from envhub.trainer.engine_watch import WatchedEngine
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
 
+        load_user_modules(imports, option="imports:")  # the driver's --import / imports: list, in the same order
         known = {s.id for s in envhub.list_envs()}
         for env_id, entry in entry_points.items():
             if env_id not in known:
@@ -112,8 +115,15 @@ class RayRolloutSource:
         self._server = server
         self._owns_ray = owns_ray
         api_key = getattr(server, "api_key", None) or config.engine.api_key or None
-        entry_points = _portable_entry_points(config.tasks)
-        self._args = (engine_urls, config.model.name, config.rollout, entry_points, api_key, config.engine.max_outage_s)
+        self._args = (
+            engine_urls,
+            config.model.name,
+            config.rollout,
+            _portable_entry_points(config.tasks),
+            api_key,
+            config.engine.max_outage_s,
+            tuple(config.imports),
+        )
         self._actor_cls = ray.remote(EnvWorker)
         self.actors = [self._new_actor() for _ in range(options.workers)]
         self.load = [0] * options.workers
