@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "envhub.cli.serve_engine",
     "envhub.cli.train",
     "envhub.cli.view",
+    "envhub.cli.plan",
 )
 
 
