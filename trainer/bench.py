@@ -103,6 +103,7 @@ class Workload:
     env_class: type
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     rollout: dict[str, Any] = field(default_factory=dict)
+    trainer_cpus: frozenset[int] = frozenset()  # pin the trainer (engine, learner, event loop) to these CPUs
 
 
 WORKLOADS = {
@@ -119,6 +120,15 @@ WORKLOADS = {
         SandboxQuizEnv,
         env_kwargs={"backend": "docker"},
         rollout={"max_new_tokens": 8, "max_turns": 3},
+    ),
+    "sandbox-pinned": Workload(
+        SANDBOX_BENCH_ENV,
+        "the sandbox workload with the trainer (engine, learner) pinned to CPU 0 and the sandboxes to CPU 1 "
+        "(Docker cpuset; dockerd itself is not pinned)",
+        SandboxQuizEnv,
+        env_kwargs={"backend": "docker", "cpuset": "1"},
+        rollout={"max_new_tokens": 8, "max_turns": 3},
+        trainer_cpus=frozenset({0}),
     ),
 }
 
@@ -155,6 +165,26 @@ def _config(
 
 
 @contextmanager
+def _pinned(cpus: frozenset[int]):
+    """Run the trainer's threads on `cpus` (threads started inside inherit it), one torch thread per CPU."""
+    if not cpus:
+        yield
+        return
+    import torch
+
+    if not cpus <= os.sched_getaffinity(0):
+        raise ConfigError(f"CPUs {sorted(cpus)} are not available here", hint="the pinned workload needs 2 CPUs")
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(len(cpus))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+
+
+@contextmanager
 def _run_dir(keep: Path | None, mode: str):
     if keep is None:
         with tempfile.TemporaryDirectory(prefix=f"envhub-bench-{mode}-") as out:
@@ -179,7 +209,7 @@ async def measure(
     """Train `steps` steps in `mode`; returns wall time (start-up included, the same in both modes) and throughput.
 
     `pipeline_*` leave the start-up out: from the first episode's start to the last step's end."""
-    with _run_dir(Path(keep) if keep is not None else None, mode) as out:
+    with _run_dir(Path(keep) if keep is not None else None, mode) as out, _pinned(WORKLOADS[workload].trainer_cpus):
         started = time.time()
         result = await Trainer(_config(mode, out, steps, seed, workload, env_kwargs)).run()
         first_episode = _first_episode_start(Path(out))

@@ -46,7 +46,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.sweep:
         from envhub.trainer.plan.sweeps import all_sweeps, sweep_tables
 
-        report["sweeps"] = all_sweeps(model, config, max(args.trials // 2, 1))
+        report["sweeps"] = all_sweeps(model, config, max(args.trials // 2, 3))
         print(sweep_tables(report["sweeps"]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -5,12 +5,14 @@ places every stage on the run's clock (`record.read_run`), so each slowdown is f
 with the load around it, and each recorded sample is divided by the slowdown it saw to give its base cost:
 
 - engine (continuous batching): one engine step takes `t0 + t1*b` seconds with `b` requests in the batch, plus
-  `t2` per env call running on the same machine; a request needs one step per generated token plus one for its
-  prefill;
-- env calls (reset, step, final step with its grading, sandbox creation): recorded work times
-  `1 + e1*(k - 1) + e2*G + e3*L`, with `k` env calls on the host, `G` the engine generating and `L` the learner
-  running on the same machine;
-- learner: `a + b*tokens` seconds.
+  `t2` per env call and `t4` per sandbox being created on the same machine; a request needs one step per generated
+  token plus one for its prefill (other requests' prefills, which take turns with decode steps, are in `t1`);
+- env calls (reset, step, final step with its grading): recorded work times `1 + e1*(k - 1) + e2*G + e3*L + e4*c`,
+  with `k` env calls and `c` sandbox creations on the host, `G` the engine generating and `L` the learner running
+  on the same machine. Every sandbox handed out is replaced by a new one (the pool refills), so the record's
+  creations are placed at its acquires, each lasting the pool's median start time;
+- learner: `a + b*tokens` seconds;
+- sandbox creation (when the pool has no spare): a time drawn from the run's cold starts (or its pool metrics).
 
 A slowdown term is kept only when the record shows it (a positive slope at least twice its standard error);
 otherwise it is 0. Engine and learner on one device (`shared` engine-learner or all) share it fairly: while both
@@ -30,35 +32,38 @@ from envhub.errors import ConfigError
 from envhub.trainer.plan.record import Episode, RunRecord, Span
 
 Shared = Literal["none", "engine-learner", "all"]
-ENV_KINDS = ("reset", "step", "final", "acquire")
+ENV_KINDS = ("reset", "step", "final")
 
 
 @dataclass(frozen=True)
 class EngineModel:
-    """Seconds per engine step: (t0 + t1*batch + t2*env_calls) * (1 + share*learner_busy)."""
+    """Seconds per engine step: (t0 + t1*batch + t2*env_calls + t4*creations) * (1 + share*learner_busy)."""
 
     t0: float
     t1: float = 0.0
     t2: float = 0.0
+    t4: float = 0.0
     share: float = 0.0  # 1: the learner shares the engine's device (fair share), 0: it does not
     max_batch: int = 16
     fitted: tuple[str, ...] = ()  # which terms the record showed (the rest are 0)
 
-    def step_s(self, batch: int, env_calls: float = 0.0, learner: float = 0.0) -> float:
-        return (self.t0 + self.t1 * batch + self.t2 * env_calls) * (1.0 + self.share * learner)
+    def step_s(self, batch: int, env_calls: float = 0.0, learner: float = 0.0, creations: float = 0.0) -> float:
+        load = self.t0 + self.t1 * batch + self.t2 * env_calls + self.t4 * creations
+        return load * (1.0 + self.share * learner)
 
 
 @dataclass(frozen=True)
 class EnvModel:
-    """An env call's slowdown: 1 + e1*(calls on the host - 1) + e2*engine_busy + e3*learner_busy."""
+    """An env call's slowdown: 1 + e1*(calls on the host - 1) + e2*engine_busy + e3*learner_busy + e4*creations."""
 
     e1: float = 0.0
     e2: float = 0.0
     e3: float = 0.0
+    e4: float = 0.0
     fitted: tuple[str, ...] = ()
 
-    def slowdown(self, calls: float, engine: float = 0.0, learner: float = 0.0) -> float:
-        return 1.0 + self.e1 * max(calls - 1.0, 0.0) + self.e2 * engine + self.e3 * learner
+    def slowdown(self, calls: float, engine: float = 0.0, learner: float = 0.0, creations: float = 0.0) -> float:
+        return 1.0 + self.e1 * max(calls - 1.0, 0.0) + self.e2 * engine + self.e3 * learner + self.e4 * creations
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class LearnerModel:
 
 @dataclass(frozen=True)
 class PoolModel:
-    """A sandbox pool per env host: `spares` kept warm, each created in a sampled time (env work)."""
+    """A sandbox pool per env host: `spares` kept warm, each created in a time drawn from the record's."""
 
     spares: int
     create_s: tuple[float, ...]
@@ -115,22 +120,20 @@ def fit_model(record: RunRecord, shared: Shared | None = None) -> PipelineModel:
     shared = shared or default_shared(record)
     if shared not in ("none", "engine-learner", "all"):
         raise ConfigError(f"unknown --shared {shared!r}", hint="none, engine-learner or all")
-    spans = [s for e in record.episodes for s in e.spans]
-    learner_spans = [Span("learn", s.start, s.start + s.learner_s) for s in record.steps]
     notes: list[str] = []
-    engine = fit_engine(record, spans, learner_spans, shared, notes)
-    env = fit_env(spans, learner_spans, shared, notes)
-    learner = fit_learner(record, spans, shared)
-    traces = {e.group_id: [] for e in record.episodes}
-    loads = Loads(spans, learner_spans)
+    pool = fit_pool(record)
+    loads = Loads(record, pool)
+    engine = fit_engine(record, loads, shared, notes)
+    env = fit_env(loads, shared, notes)
+    traces: dict[str, list[EpisodeTrace]] = {e.group_id: [] for e in record.episodes}
     for e in record.episodes:
         traces[e.group_id].append(trace(e, env, loads, shared))
     outcomes = [g.outcome for g in record.groups if g.outcome in ("trained", "filtered", "failed")]
     return PipelineModel(
         engine=engine,
         env=env,
-        learner=learner,
-        pool=fit_pool(record, env, loads, shared),
+        learner=fit_learner(record, loads, shared),
+        pool=pool,
         groups=[t for t in traces.values() if t],
         publish_s=[s.publish_s for s in record.steps] or [0.0],
         filtered=outcomes.count("filtered") / len(outcomes) if outcomes else 0.0,
@@ -151,16 +154,21 @@ def default_shared(record: RunRecord) -> Shared:
 class Loads:
     """How many stages of each kind ran at each moment of the record (time-averaged over a span)."""
 
-    def __init__(self, spans: list[Span], learner: list[Span]) -> None:
+    def __init__(self, record: RunRecord, pool: PoolModel | None = None) -> None:
+        self.spans = [s for e in record.episodes for s in e.spans]
+        self.learner = [Span("learn", s.start, s.start + s.learner_s) for s in record.steps]
+        typical = float(np.median(pool.create_s)) if pool is not None else 0.0
+        creations = [  # the one each acquire set off (the pool refilling), or the cold start the acquire waited for
+            Span("create", s.start, s.start + max(s.seconds, typical)) for s in self.spans if s.kind == "acquire"
+        ]
+        generations = [s for s in self.spans if s.kind == "generate"]
         self._curves = {
-            "generate": _load_curve([s for s in spans if s.kind == "generate"]),
-            "env": _load_curve([s for s in spans if s.kind in ENV_KINDS]),
-            "learn": _load_curve(learner),
+            "generate": _load_curve(generations),
+            "env": _load_curve([s for s in self.spans if s.kind in ENV_KINDS]),
+            "create": _load_curve([c for c in creations if c.end > c.start]),
+            "learn": _load_curve(self.learner),
         }
-        self._busy = {
-            "generate": _load_curve([s for s in spans if s.kind == "generate"], indicator=True),
-            "learn": _load_curve(learner, indicator=True),
-        }
+        self._busy = {"generate": _load_curve(generations, indicator=True), "learn": _load_curve(self.learner, True)}
 
     def mean(self, kind: str, span: Span, busy: bool = False) -> float:
         """Mean count of `kind` stages during `span` (or the share of it during which any ran, `busy`)."""
@@ -203,61 +211,63 @@ def significant_fit(x: np.ndarray, y: np.ndarray, names: list[str]) -> dict[str,
         keep.pop(weakest)
 
 
-def fit_engine(
-    record: RunRecord, spans: list[Span], learner: list[Span], shared: Shared, notes: list[str]
-) -> EngineModel:
-    """Seconds per engine step against the batch size and the env calls around each generation."""
-    loads = Loads(spans, learner)
-    gens = [s for s in spans if s.kind == "generate"]
+def fit_engine(record: RunRecord, loads: Loads, shared: Shared, notes: list[str]) -> EngineModel:
+    """Seconds per engine step against the batch size and what else ran on the machine during each generation."""
+    gens = [s for s in loads.spans if s.kind == "generate"]
     if not gens:
         raise ConfigError(f"{record.run_dir} recorded no generation", hint="plan from a run that generated tokens")
     engines = max(len([u for u in str(record.setting("engine", "url", "")).split(",") if u]), 1)
     share = 0.0 if shared == "none" else 1.0
     # each generation's time per engine step, without the learner's share of the device when it overlapped
     y = np.array([g.seconds / (g.tokens + 1) / (1.0 + share * loads.mean("learn", g, busy=True)) for g in gens])
-    x = np.array([[loads.mean("generate", g) / engines, loads.mean("env", g)] for g in gens])
+    x = np.array([[loads.mean("generate", g) / engines, loads.mean("env", g), loads.mean("create", g)] for g in gens])
     if shared != "all":
-        x[:, 1] = 0.0  # envs on other machines cannot slow the engine
-    fit = significant_fit(x, y, ["t1", "t2"])
+        x[:, 1:] = 0.0  # envs and sandboxes on other machines cannot slow the engine
+    fit = significant_fit(x, y, ["t1", "t2", "t4"])
     t0 = fit["1"]
     if t0 <= 0:  # every step's time is in the slopes: keep a floor at the fastest step seen
         t0 = float(np.min(y)) / 2
     if share:
         notes.append("engine and learner share a device: each at half speed while both run (prior, not fitted)")
     max_batch = int(record.setting("engine", "max_batch_size", 16)) if engines == 1 else 256
-    fitted = tuple(n for n in ("t1", "t2") if n in fit)
-    return EngineModel(t0, max(fit.get("t1", 0.0), 0.0), max(fit.get("t2", 0.0), 0.0), share, max_batch, fitted)
+    terms = {n: max(fit.get(n, 0.0), 0.0) for n in ("t1", "t2", "t4")}
+    fitted = tuple(n for n in terms if n in fit)
+    return EngineModel(t0, terms["t1"], terms["t2"], terms["t4"], share, max_batch, fitted)
 
 
-def fit_env(spans: list[Span], learner: list[Span], shared: Shared, notes: list[str]) -> EnvModel:
+def fit_env(loads: Loads, shared: Shared, notes: list[str]) -> EnvModel:
     """An env call's time (relative to the median of its kind) against the load around it."""
-    loads = Loads(spans, learner)
-    calls = [s for s in spans if s.kind in ("reset", "step", "final") and s.seconds > 0]
+    calls = [s for s in loads.spans if s.kind in ENV_KINDS and s.seconds > 0]
     if len(calls) < 8:
         return EnvModel()
     medians = {k: float(np.median([s.seconds for s in calls if s.kind == k] or [1.0])) for k in ENV_KINDS}
     y = np.array([s.seconds / max(medians[s.kind], 1e-6) for s in calls])
-    x = np.array(
-        [
-            [loads.mean("env", s) - 1.0, loads.mean("generate", s, busy=True), loads.mean("learn", s, busy=True)]
-            for s in calls
-        ]
-    )
-    if shared != "all":
-        x[:, 1:] = 0.0
-    fit = significant_fit(x, y, ["e1", "e2", "e3"])
+    x = np.array([_env_load(loads, s, shared) for s in calls])
+    names = ["e1", "e2", "e3", "e4"]
+    fit = significant_fit(x, y, names)
     base = fit["1"] if fit["1"] > 0 else float(np.min(y))
-    terms = {n: max(fit.get(n, 0.0), 0.0) / base for n in ("e1", "e2", "e3")}
+    terms = {n: max(fit.get(n, 0.0), 0.0) / base for n in names}
     if shared == "all" and "e3" not in fit and terms["e2"] > 0:
         terms["e3"] = terms["e2"]  # the learner loads the machine as generation does
         notes.append("env calls while the learner runs: taken equal to while the engine generates (prior)")
-    return EnvModel(terms["e1"], terms["e2"], terms["e3"], tuple(n for n in ("e1", "e2", "e3") if n in fit))
+    return EnvModel(terms["e1"], terms["e2"], terms["e3"], terms["e4"], tuple(n for n in names if n in fit))
 
 
-def fit_learner(record: RunRecord, spans: list[Span], shared: Shared) -> LearnerModel:
+def _env_load(loads: Loads, span: Span, shared: Shared) -> list[float]:
+    """What ran beside an env call: other env calls, engine busy, learner busy, sandbox creations."""
+    if shared != "all":
+        return [loads.mean("env", span) - 1.0, 0.0, 0.0, loads.mean("create", span)]
+    return [
+        loads.mean("env", span) - 1.0,
+        loads.mean("generate", span, busy=True),
+        loads.mean("learn", span, busy=True),
+        loads.mean("create", span),
+    ]
+
+
+def fit_learner(record: RunRecord, loads: Loads, shared: Shared) -> LearnerModel:
     """Learner seconds against the step's tokens (without the engine's share of the device when it overlapped)."""
     steps = record.steps
-    loads = Loads(spans, [])
     share = 0.0 if shared == "none" else 1.0
     busy = [loads.mean("generate", Span("learn", s.start, s.start + s.learner_s), busy=True) for s in steps]
     y = np.array([s.learner_s / (1.0 + share * b) for s, b in zip(steps, busy)])
@@ -273,14 +283,12 @@ def fit_learner(record: RunRecord, spans: list[Span], shared: Shared) -> Learner
 
 def trace(episode: Episode, env: EnvModel, loads: Loads, shared: Shared) -> EpisodeTrace:
     """A recorded episode's base costs: each env call's time divided by the slowdown it saw."""
-    work = {}
-    for s in episode.spans:
-        if s.kind in ("reset", "step", "final"):
-            engine = loads.mean("generate", s, busy=True) if shared == "all" else 0.0
-            learner = loads.mean("learn", s, busy=True) if shared == "all" else 0.0
-            work[s.start, s.kind] = s.seconds / env.slowdown(loads.mean("env", s), engine, learner)
-    ordered = [w for _, w in sorted(work.items())]
-    reset, steps = (ordered[0], ordered[1:]) if ordered else (0.0, [])
+    work = [
+        s.seconds / env.slowdown(*_env_load(loads, s, shared))
+        for s in sorted(episode.spans, key=lambda s: s.start)
+        if s.kind in ENV_KINDS
+    ]
+    reset, steps = (work[0], work[1:]) if work else (0.0, [])
     turns = tuple((t.new_tokens + 1, steps[i] if i < len(steps) else t.env_s) for i, t in enumerate(episode.turns))
     return EpisodeTrace(
         build_s=episode.build_s,
@@ -288,20 +296,21 @@ def trace(episode: Episode, env: EnvModel, loads: Loads, shared: Shared) -> Epis
         turns=turns,
         close_s=episode.close_s,
         total_tokens=episode.total_tokens,
-        sandboxed=episode.acquire_s > 0 or any(s.kind == "acquire" for s in episode.spans),
+        sandboxed=any(s.kind == "acquire" for s in episode.spans),
     )
 
 
-def fit_pool(record: RunRecord, env: EnvModel, loads: Loads, shared: Shared) -> PoolModel | None:
-    """The sandbox pool: spares from the run's pool metrics, creation times from its cold acquires (or metrics)."""
-    acquires = [s for s in (s for e in record.episodes for s in e.spans) if s.kind == "acquire"]
-    if not acquires and not record.pool:
+def fit_pool(record: RunRecord) -> PoolModel | None:
+    """The sandbox pool: spares from the run's pool metrics, creation times from them (or from cold acquires)."""
+    acquires = [s for e in record.episodes for s in e.spans if s.kind == "acquire"]
+    if not acquires:
         return None
-    spares = int(record.pool.get("size", 0)) if record.pool else 0
-    cold = [s.seconds / env.slowdown(loads.mean("env", s)) for s in acquires if s.seconds > 0.05]
-    if not cold and record.pool.get("start_p50_ms"):
-        p50, p99 = record.pool["start_p50_ms"] / 1000, max(record.pool.get("start_p99_ms", 0) / 1000, 1e-6)
+    metrics = record.pool
+    create_s = [s.seconds for s in acquires if s.seconds > 0.05]  # cold starts, as they happened
+    if metrics.get("start_p50_ms"):  # every start the pool made, warm spares included: a log-normal through them
+        p50, p99 = metrics["start_p50_ms"] / 1000, max(metrics.get("start_p99_ms", 0) / 1000, 1e-6)
         sigma = max(math.log(max(p99, p50) / p50), 0.0) / 2.326 if p50 > 0 else 0.0
-        cold = [p50 * math.exp(sigma * z) for z in np.random.default_rng(0).standard_normal(64)]
+        create_s = [p50 * math.exp(sigma * z) for z in np.random.default_rng(0).standard_normal(64)]
     # without pool metrics the record cannot say how many spares there were: a pool that never ran dry
-    return PoolModel(spares if record.pool else 1 << 30, tuple(cold) or (0.0,))
+    spares = int(metrics.get("size", 0)) if metrics else 1 << 30
+    return PoolModel(spares, tuple(create_s) or (0.0,))

@@ -168,9 +168,11 @@ def _episode(record: dict[str, Any], run_start: float) -> Episode:
     start = record["time"] - record["duration_s"] - run_start
     log = record["log"]
     reset = next((t for t in log if t.get("kind") == "reset"), {"at": 0.0, "env_s": 0.0})
-    acquire_s = min(float(record.get("env_info", {}).get("sandbox_acquire_s", 0.0)), reset["env_s"])
+    info = record.get("env_info", {})
+    acquire_s = min(float(info.get("sandbox_acquire_s", 0.0)), reset["env_s"])
     turns = [t for t in log if t.get("kind") == "turn"]
-    spans = [Span("acquire", start + reset["at"], start + reset["at"] + acquire_s)] if acquire_s else []
+    sandboxed = "sandbox_acquire_s" in info
+    spans = [Span("acquire", start + reset["at"], start + reset["at"] + acquire_s)] if sandboxed else []
     spans.append(Span("reset", start + reset["at"] + acquire_s, start + reset["at"] + reset["env_s"]))
     trace = []
     for i, t in enumerate(turns):

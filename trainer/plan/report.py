@@ -109,6 +109,12 @@ def bounds(model: PipelineModel, config: PlanConfig, group_s: float) -> dict[str
     out = {
         "learner": round(per_step / learn, 4) if learn > 0 else float("inf"),
         "engines": round(engine, 4),
+        # one device serving both: its seconds per episode are the engine's share plus the learner's
+        **(
+            {"engine_and_learner_device": round(1 / (1 / engine + learn / per_step), 4)}
+            if model.shared != "none" and config.engines == 1
+            else {}
+        ),
         "in_flight_groups": round(in_flight * config.group_size / group_s, 4) if group_s > 0 else float("inf"),
     }
     if config.env_slots:

@@ -149,6 +149,7 @@ class _Simulator:
         self.running = [0] * config.engines
         self.waiting: list[deque[_Activity]] = [deque() for _ in range(config.engines)]
         self.env_calls = [0] * config.env_hosts
+        self.creating = [0] * config.env_hosts  # sandboxes being started (load on the host)
         self.host_episodes = [0] * config.env_hosts  # holding a slot
         self.host_load = [0] * config.env_hosts  # assigned (hosts are chosen least-loaded)
         self.slot_waiters: list[deque[_Episode]] = [deque() for _ in range(config.env_hosts)]
@@ -196,27 +197,23 @@ class _Simulator:
                 self._finished(a)
 
     def _rates(self) -> list[float]:
-        m, all_shared = self.m, self.m.shared == "all"
+        m = self.m
         generating = 1.0 if any(self.running) else 0.0
         learning = 1.0 if self.learning else 0.0
-        env_total = sum(self.env_calls)
+        env_total, creating_total = sum(self.env_calls), sum(self.creating)
         engine_learner = learning if m.shared != "none" else 0.0
-        step_s = [
-            m.engine.step_s(b, env_total if all_shared else 0.0, engine_learner) for b in self.running
-        ]  # seconds per engine step, per engine
-        env_rate = [
-            1.0
-            / m.env.slowdown(
-                env_total if all_shared else calls, generating if all_shared else 0, learning if all_shared else 0
-            )
-            for calls in self.env_calls
-        ]
+        if m.shared == "all":  # one machine: every env call and sandbox start loads the engine and each other
+            step_s = [m.engine.step_s(b, env_total, engine_learner, creating_total) for b in self.running]
+            env_rate = [1.0 / m.env.slowdown(env_total, generating, learning, creating_total)] * self.c.env_hosts
+        else:
+            step_s = [m.engine.step_s(b, 0.0, engine_learner) for b in self.running]
+            env_rate = [1.0 / m.env.slowdown(k, 0.0, 0.0, c) for k, c in zip(self.env_calls, self.creating)]
         learn_rate = 1.0 / (1.0 + m.learner.share * generating)
         rates = []
         for a in self.active:
             if a.kind == "gen":
                 rates.append(1.0 / step_s[a.place] if a.running else 0.0)
-            elif a.kind in ("env", "create"):
+            elif a.kind == "env":
                 rates.append(env_rate[a.place])
             elif a.kind == "learn":
                 rates.append(learn_rate)
@@ -242,8 +239,10 @@ class _Simulator:
             else:
                 activity.running = False
                 self.waiting[engine].append(activity)
-        elif activity.kind in ("env", "create"):
+        elif activity.kind == "env":
             self.env_calls[activity.place] += 1
+        elif activity.kind == "create":
+            self.creating[activity.place] += 1
         return activity
 
     def _stop(self, activity: _Activity) -> None:
@@ -257,8 +256,10 @@ class _Simulator:
             if self.waiting[engine]:
                 self.waiting[engine].popleft().running = True
                 self.running[engine] += 1
-        elif activity.kind in ("env", "create"):
+        elif activity.kind == "env":
             self.env_calls[activity.place] -= 1
+        elif activity.kind == "create":
+            self.creating[activity.place] -= 1
 
     def _finished(self, activity: _Activity) -> None:
         self._stop(activity)

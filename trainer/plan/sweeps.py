@@ -72,6 +72,7 @@ def redundancy(model: PipelineModel, config: PlanConfig, extras: tuple[int, ...]
 def all_sweeps(model: PipelineModel, config: PlanConfig, trials: int = 3) -> dict[str, Any]:
     """Every sweep, on episode-level resampling for redundancy (a recorded group's episodes share a seed, so spares
     drawn from it would finish together)."""
+    config = replace(config, steps=max(config.steps, 16))  # long enough that the first step's ramp-up fades
     return {
         "scaling": scaling(model, config, (1, 2, 4, 8), (1, 2, 4, 8, 16), trials),
         "staleness": staleness(model, config, (0, 1, 2, 3, 4), trials),
