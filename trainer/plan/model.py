@@ -14,14 +14,15 @@ with the load around it, and each recorded sample is divided by the slowdown it 
 - learner: `a + b*tokens` seconds;
 - sandbox creation (when the pool has no spare): a time drawn from the run's cold starts (or its pool metrics).
 
-A slowdown term is kept only when the record shows it (a positive slope at least twice its standard error);
-otherwise it is 0. Engine and learner on one device (`shared` engine-learner or all) share it fairly: while both
-are busy each runs at half speed. A sync run never shows that overlap, so it is a prior, not a fit; samples a run
-recorded while both were busy are divided by it to give their base costs.
+A slowdown term is kept only when the record shows it (model selection by BIC over every subset of the terms, with
+no negative coefficient); otherwise it is 0. Engine and learner on one device (`shared` engine-learner or all) share
+it fairly: while both are busy each runs at half speed. A sync run never shows that overlap, so it is a prior, not a
+fit; samples a run recorded while both were busy are divided by it to give their base costs.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -192,23 +193,36 @@ def _load_curve(spans: list[Span], indicator: bool = False) -> tuple[np.ndarray,
     return times, integral
 
 
-def significant_fit(x: np.ndarray, y: np.ndarray, names: list[str]) -> dict[str, float]:
-    """Least squares y ~ 1 + x, keeping only slopes that are positive and at least twice their standard error
-    (dropping the weakest and refitting until every kept slope qualifies); returns {"1": intercept, name: slope}."""
-    keep = [i for i in range(x.shape[1]) if np.ptp(x[:, i]) > 1e-9] if len(y) else []
-    while True:
-        design = np.column_stack([np.ones(len(y)), *(x[:, i] for i in keep)]) if len(y) else np.ones((0, 1))
-        if len(y) <= design.shape[1] + 1:
-            return {"1": float(np.mean(y)) if len(y) else 0.0}
-        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-        resid = y - design @ coef
-        sigma2 = float(resid @ resid) / (len(y) - design.shape[1])
-        cov = sigma2 * np.linalg.pinv(design.T @ design)
-        t = [coef[j + 1] / math.sqrt(max(cov[j + 1, j + 1], 1e-30)) for j in range(len(keep))]
-        weakest = min(range(len(keep)), key=lambda j: t[j], default=None)
-        if weakest is None or t[weakest] >= 2.0:
-            return {"1": float(coef[0])} | {names[i]: float(coef[j + 1]) for j, i in enumerate(keep)}
-        keep.pop(weakest)
+def select_fit(x: np.ndarray, y: np.ndarray, names: list[str], required: tuple[str, ...] = ()) -> dict[str, float]:
+    """Least squares y ~ 1 + some columns of x: of every subset of the columns (always with the `required` ones the
+    record shows), the fit with no negative coefficient (no stage takes negative time) and the lowest BIC; returns
+    {"1": intercept, name: slope} for the kept columns.
+
+    BIC weighs fit against the number of terms, so a term the record does not show stays out, and of two terms that
+    moved together in the record (a big batch while the pool refilled) the one that explains more is kept."""
+    n = len(y)
+    if n == 0:
+        return {"1": 0.0}
+    usable = [i for i in range(x.shape[1]) if np.ptp(x[:, i]) > 1e-9]
+    forced = [i for i in usable if names[i] in required]
+    optional = [i for i in usable if i not in forced]
+    best, best_bic = {"1": float(np.mean(y))}, math.inf
+    for size in range(len(optional) + 1):
+        for extra in itertools.combinations(optional, size):
+            subset = (*forced, *extra)
+            size = len(subset)
+            if n <= size + 2:
+                continue
+            design = np.column_stack([np.ones(n), *(x[:, i] for i in subset)])
+            coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+            if np.any(coef < 0):
+                continue
+            rss = float(np.sum((y - design @ coef) ** 2))
+            bic = n * math.log(max(rss / n, 1e-300)) + (size + 1) * math.log(n)
+            if bic < best_bic:
+                best_bic = bic
+                best = {"1": float(coef[0])} | {names[i]: float(coef[j + 1]) for j, i in enumerate(subset)}
+    return best
 
 
 def fit_engine(record: RunRecord, loads: Loads, shared: Shared, notes: list[str]) -> EngineModel:
@@ -218,12 +232,20 @@ def fit_engine(record: RunRecord, loads: Loads, shared: Shared, notes: list[str]
         raise ConfigError(f"{record.run_dir} recorded no generation", hint="plan from a run that generated tokens")
     engines = max(len([u for u in str(record.setting("engine", "url", "")).split(",") if u]), 1)
     share = 0.0 if shared == "none" else 1.0
-    # each generation's time per engine step, without the learner's share of the device when it overlapped
-    y = np.array([g.seconds / (g.tokens + 1) / (1.0 + share * loads.mean("learn", g, busy=True)) for g in gens])
+    # each generation's time per engine step (its tokens, its prefill, and the prefill steps of requests that
+    # arrived while it ran), without the learner's share of the device when it overlapped
+    y = np.array(
+        [
+            g.seconds
+            / (g.tokens + 1 + _prefills_during(g, gens, engines))
+            / (1.0 + share * loads.mean("learn", g, busy=True))
+            for g in gens
+        ]
+    )
     x = np.array([[loads.mean("generate", g) / engines, loads.mean("env", g), loads.mean("create", g)] for g in gens])
     if shared != "all":
         x[:, 1:] = 0.0  # envs and sandboxes on other machines cannot slow the engine
-    fit = significant_fit(x, y, ["t1", "t2", "t4"])
+    fit = select_fit(x, y, ["t1", "t2", "t4"], required=("t1",))  # a bigger batch always costs more per step
     t0 = fit["1"]
     if t0 <= 0:  # every step's time is in the slopes: keep a floor at the fastest step seen
         t0 = float(np.min(y)) / 2
@@ -235,6 +257,17 @@ def fit_engine(record: RunRecord, loads: Loads, shared: Shared, notes: list[str]
     return EngineModel(t0, terms["t1"], terms["t2"], terms["t4"], share, max_batch, fitted)
 
 
+def _prefills_during(gen: Span, gens: list[Span], engines: int) -> float:
+    """Prefill steps of other requests while `gen` ran: arrivals less than one of its steps apart share one."""
+    step = gen.seconds / (gen.tokens + 1)
+    arrivals = sorted(g.start for g in gens if gen.start < g.start < gen.end)
+    steps, last = 0, gen.start
+    for t in arrivals:
+        if t - last >= step:
+            steps, last = steps + 1, t
+    return steps / engines
+
+
 def fit_env(loads: Loads, shared: Shared, notes: list[str]) -> EnvModel:
     """An env call's time (relative to the median of its kind) against the load around it."""
     calls = [s for s in loads.spans if s.kind in ENV_KINDS and s.seconds > 0]
@@ -244,7 +277,7 @@ def fit_env(loads: Loads, shared: Shared, notes: list[str]) -> EnvModel:
     y = np.array([s.seconds / max(medians[s.kind], 1e-6) for s in calls])
     x = np.array([_env_load(loads, s, shared) for s in calls])
     names = ["e1", "e2", "e3", "e4"]
-    fit = significant_fit(x, y, names)
+    fit = select_fit(x, y, names)
     base = fit["1"] if fit["1"] > 0 else float(np.min(y))
     terms = {n: max(fit.get(n, 0.0), 0.0) / base for n in names}
     if shared == "all" and "e3" not in fit and terms["e2"] > 0:
@@ -272,7 +305,7 @@ def fit_learner(record: RunRecord, loads: Loads, shared: Shared) -> LearnerModel
     busy = [loads.mean("generate", Span("learn", s.start, s.start + s.learner_s), busy=True) for s in steps]
     y = np.array([s.learner_s / (1.0 + share * b) for s, b in zip(steps, busy)])
     tokens = np.array([float(s.tokens) for s in steps])
-    fit = significant_fit(tokens[:, None], y, ["b"])
+    fit = select_fit(tokens[:, None], y, ["b"])
     if "b" in fit and fit["1"] >= 0:
         return LearnerModel(fit["1"], fit["b"], share, ("a", "b"))
     # the record cannot separate a fixed cost from a per-token one: take the learner's time as proportional to

@@ -148,6 +148,7 @@ class _Simulator:
         self.active: list[_Activity] = []
         self.running = [0] * config.engines
         self.waiting: list[deque[_Activity]] = [deque() for _ in range(config.engines)]
+        self.last_prefill = [-1e9] * config.engines
         self.env_calls = [0] * config.env_hosts
         self.creating = [0] * config.env_hosts  # sandboxes being started (load on the host)
         self.host_episodes = [0] * config.env_hosts  # holding a slot
@@ -221,6 +222,13 @@ class _Simulator:
                 rates.append(1.0)
         return rates
 
+    def _step_s(self, engine: int) -> float:
+        """Seconds per step of `engine` right now."""
+        m, learning = self.m, 1.0 if self.learning and self.m.shared != "none" else 0.0
+        if m.shared == "all":
+            return m.engine.step_s(self.running[engine], sum(self.env_calls), learning, sum(self.creating))
+        return m.engine.step_s(self.running[engine], 0.0, learning)
+
     def _account(self, dt: float) -> None:
         i = self._integrals
         i["engine_busy"] += dt * sum(1 for b in self.running if b)
@@ -234,6 +242,11 @@ class _Simulator:
         self.active.append(activity)
         if activity.kind == "gen":
             engine = activity.place
+            if self.now - self.last_prefill[engine] >= self._step_s(engine):  # else it joins that prefill step
+                self.last_prefill[engine] = self.now  # a new prefill step: every running request waits one step
+                for a in self.active:
+                    if a.kind == "gen" and a.place == engine and a.running and a is not activity:
+                        a.remaining += 1.0
             if self.running[engine] < self.m.engine.max_batch:
                 self.running[engine] += 1
             else:
