@@ -8,6 +8,10 @@ its own prediction (start-up taken from the sync run for both). The reverse pred
 sync) is reported too. Writes JSON with every prediction error and the load average of the machine.
 
     python benchmarks/plan_check.py --out benchmarks/results/plan_check.json [--steps 12] [--workloads ...]
+    python benchmarks/plan_check.py --out F --reuse DIR1 DIR2   # predict again from runs kept by --keep DIR
+
+The machine is shared: each workload's load average is in the JSON, and one round is one sample of a noisy
+measurement; `--reuse` gathers several rounds into one file with the spread of the measured and predicted ratios.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,11 +68,44 @@ def predict_ratio(run_dir: Path, trials: int) -> dict[str, Any]:
     }
 
 
-def check(workload: str, steps: int, root: Path, trials: int) -> dict[str, Any]:
-    """Measure one workload both ways, predict from each run, and compare."""
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def stage_bound(run_dir: Path) -> dict[str, float]:
+    """What a sync run's stage times imply for async when the trainer (engine, learner) and the envs each have their
+    own resource and async only overlaps them: a step takes at least the busier of the two. Async also batches more
+    requests per engine step, which this bound leaves out (the planner's `bounds_async_episodes_per_s` has it)."""
+    record = read_run(run_dir)
+    steps = len(record.steps)
+    spans = [s for e in record.episodes for s in e.spans]
+    generating = busy_seconds([(s.start, s.end) for s in spans if s.kind == "generate"])
+    envs = busy_seconds([(s.start, s.end) for s in spans if s.kind in ("acquire", "reset", "step", "final")])
+    learner = sum(s.learner_s + s.publish_s for s in record.steps)
+    trainer = (generating + learner) / steps
+    pipeline = (record.wall_s - record.startup_s) / steps
+    return {
+        "sync_step_s": round(pipeline, 3),
+        "trainer_busy_per_step_s": round(trainer, 3),
+        "env_busy_per_step_s": round(envs / steps, 3),
+        "overlap_only_bound": round(pipeline / max(trainer, envs / steps), 3),
+    }
+
+
+def check(workload: str, steps: int, root: Path, trials: int, reuse: bool = False) -> dict[str, Any]:
+    """Measure one workload both ways (or reuse the kept runs), predict from each run, and compare."""
     keep = root / workload
     load_before = os.getloadavg()
-    bench = run_bench(workload, steps, keep)
+    bench = json.loads((keep / "bench.json").read_text()) if reuse else run_bench(workload, steps, keep)
+    if reuse:
+        load_before = bench["load_average"]
+        steps = bench["sync"]["steps"]
     from_sync = predict_ratio(keep / "sync", trials)
     from_async = predict_ratio(keep / "async", trials)
     measured_ratio = bench["pipeline_speedup"]
@@ -76,7 +114,7 @@ def check(workload: str, steps: int, root: Path, trials: int) -> dict[str, Any]:
         "description": bench["latency"],
         "steps": steps,
         "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "load_average_after": [round(x, 2) for x in (bench["load_average"] if reuse else os.getloadavg())],
         "measured": {
             "async_over_sync": measured_ratio,
             "wall_async_over_sync": bench["speedup"],
@@ -86,9 +124,30 @@ def check(workload: str, steps: int, root: Path, trials: int) -> dict[str, Any]:
         "prediction_error": round(from_sync["predicted_async_over_sync"] / measured_ratio - 1, 4),
         "wall_prediction_error": round(from_sync["predicted_wall_async_over_sync"] / bench["speedup"] - 1, 4),
         "reverse_prediction_error": round(from_async["predicted_async_over_sync"] / measured_ratio - 1, 4),
+        "stage_bound": stage_bound(keep / "sync"),
         "from_sync_run": from_sync,
         "from_async_run": from_async,
     }
+
+
+def summary(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per workload over the rounds: measured and predicted ratios, their means, and the mean's error."""
+    out = {}
+    for workload in dict.fromkeys(r["workload"] for round_ in rounds for r in round_):
+        rows = [r for round_ in rounds for r in round_ if r["workload"] == workload]
+        measured_ratios = [r["measured"]["async_over_sync"] for r in rows]
+        predicted = [r["from_sync_run"]["predicted_async_over_sync"] for r in rows]
+        mean_measured, mean_predicted = statistics.fmean(measured_ratios), statistics.fmean(predicted)
+        out[workload] = {
+            "rounds": len(rows),
+            "measured": measured_ratios,
+            "predicted_from_sync": predicted,
+            "errors": [r["prediction_error"] for r in rows],
+            "mean_measured": round(mean_measured, 3),
+            "mean_predicted": round(mean_predicted, 3),
+            "error_of_means": round(mean_predicted / mean_measured - 1, 4),
+        }
+    return out
 
 
 def main() -> int:
@@ -98,19 +157,26 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--keep", default=None, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--reuse", nargs="+", default=None, metavar="DIR", help="predict from runs kept earlier")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="envhub-plan-check-") as tmp:
-        root = Path(args.keep or tmp)
-        results = [check(w, args.steps, root, args.trials) for w in args.workloads]
+    if args.reuse:
+        rounds = [
+            [check(w, args.steps, Path(d), args.trials, reuse=True) for w in args.workloads if (Path(d) / w).is_dir()]
+            for d in args.reuse
+        ]
+    else:
+        with tempfile.TemporaryDirectory(prefix="envhub-plan-check-") as tmp:
+            rounds = [[check(w, args.steps, Path(args.keep or tmp), args.trials) for w in args.workloads]]
     print(f"{'workload':<16} {'measured':>9} {'predicted':>10} {'error':>7} {'reverse':>8} {'wall err':>9} {'load':>6}")
-    for r in results:
+    for r in (r for round_ in rounds for r in round_):
         print(
             f"{r['workload']:<16} {r['measured']['async_over_sync']:>9} "
             f"{r['from_sync_run']['predicted_async_over_sync']:>10} {r['prediction_error']:>+7.1%} "
             f"{r['reverse_prediction_error']:>+8.1%} {r['wall_prediction_error']:>+9.1%} "
             f"{r['load_average_after'][0]:>6}"
         )
-    Path(args.out).write_text(json.dumps({"cpus": os.cpu_count(), "workloads": results}, indent=2))
+    report = {"cpus": os.cpu_count(), "summary": summary(rounds), "rounds": rounds}
+    Path(args.out).write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -193,7 +193,9 @@ def _load_curve(spans: list[Span], indicator: bool = False) -> tuple[np.ndarray,
     return times, integral
 
 
-def select_fit(x: np.ndarray, y: np.ndarray, names: list[str], required: tuple[str, ...] = ()) -> dict[str, float]:
+def select_fit(
+    x: np.ndarray, y: np.ndarray, names: list[str], required: tuple[str, ...] = (), free_intercept: bool = False
+) -> dict[str, float]:
     """Least squares y ~ 1 + some columns of x: of every subset of the columns (always with the `required` ones the
     record shows), the fit with no negative coefficient (no stage takes negative time) and the lowest BIC; returns
     {"1": intercept, name: slope} for the kept columns.
@@ -215,7 +217,7 @@ def select_fit(x: np.ndarray, y: np.ndarray, names: list[str], required: tuple[s
                 continue
             design = np.column_stack([np.ones(n), *(x[:, i] for i in subset)])
             coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-            if np.any(coef < 0):
+            if np.any(coef[1 if free_intercept else 0 :] < 0):
                 continue
             rss = float(np.sum((y - design @ coef) ** 2))
             bic = n * math.log(max(rss / n, 1e-300)) + (size + 1) * math.log(n)
@@ -269,17 +271,18 @@ def _prefills_during(gen: Span, gens: list[Span], engines: int) -> float:
 
 
 def fit_env(loads: Loads, shared: Shared, notes: list[str]) -> EnvModel:
-    """An env call's time (relative to the median of its kind) against the load around it."""
+    """An env call's time (relative to the median of its kind) against the load around it, fitted on the log: env
+    latencies are heavy-tailed (a sandbox's test run, a remote call), and on the log one slow call is one sample,
+    not a lever. A log-slope b per unit of load becomes the slowdown term exp(b) - 1."""
     calls = [s for s in loads.spans if s.kind in ENV_KINDS and s.seconds > 0]
     if len(calls) < 8:
         return EnvModel()
     medians = {k: float(np.median([s.seconds for s in calls if s.kind == k] or [1.0])) for k in ENV_KINDS}
-    y = np.array([s.seconds / max(medians[s.kind], 1e-6) for s in calls])
+    y = np.log([s.seconds / max(medians[s.kind], 1e-6) for s in calls])
     x = np.array([_env_load(loads, s, shared) for s in calls])
     names = ["e1", "e2", "e3", "e4"]
-    fit = select_fit(x, y, names)
-    base = fit["1"] if fit["1"] > 0 else float(np.min(y))
-    terms = {n: max(fit.get(n, 0.0), 0.0) / base for n in names}
+    fit = select_fit(x, y, names, free_intercept=True)
+    terms = {n: math.expm1(max(fit.get(n, 0.0), 0.0)) for n in names}
     if shared == "all" and "e3" not in fit and terms["e2"] > 0:
         terms["e3"] = terms["e2"]  # the learner loads the machine as generation does
         notes.append("env calls while the learner runs: taken equal to while the engine generates (prior)")
