@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 
 from envhub.errors import ConfigError
+from envhub.trainer.plan.config import PlanConfig
 from envhub.trainer.plan.model import EngineModel, EnvModel, EpisodeTrace, LearnerModel, PipelineModel, fit_model
 from envhub.trainer.plan.record import read_run
 from envhub.trainer.plan.report import measured, plan_report, record_config
-from envhub.trainer.plan.simulate import PlanConfig, simulate
+from envhub.trainer.plan.simulate import simulate
 
 
 def pipeline(gen_steps=10, step_s=0.1, per_row=0.0, env_s=1.0, learn_s=3.0, groups=None, per_call=0.0, pool=None):
@@ -103,9 +104,26 @@ def test_a_dry_sandbox_pool_makes_cold_starts():
     assert result.cold_acquires > 0 and result.acquire_wait_s > 0
 
 
+def test_a_cancelled_cold_start_becomes_a_spare_and_refills_stop_at_the_target():
+    import random
+
+    from envhub.trainer.plan.model import PoolModel
+    from envhub.trainer.plan.pools import SandboxPools
+
+    pools = SandboxPools(PoolModel(spares=2, create_s=(1.0,)), hosts=2, rng=random.Random(0))
+    assert pools.take(0) and pools.refills(0) == 1 and pools.refills(0) == 0  # one under way already
+    assert pools.take(0) and not pools.take(0) and pools.cold_acquires == 1
+    assert pools.refills(0) == 1  # one spare short (the other creation is still under way)
+    pools.orphaned(0)  # the cold start's episode was cancelled: it will be a spare
+    for _ in range(3):
+        pools.created(0)
+    assert pools.take(0) and pools.take(0) and pools.take(0) and not pools.take(0)
+    assert pools.take(1) and pools.cold_acquires == 2  # hosts have their own pools
+
+
 def test_bad_settings_are_refused():
     model = pipeline()
-    for bad in ({"engines": 0}, {"steps": 0}, {"redundancy": -1}, {"mode": "both"}):
+    for bad in ({"engines": 0}, {"steps": 0}, {"redundancy": -1}, {"mode": "both"}, {"steps": 10**7}):
         with pytest.raises(ConfigError):
             simulate(model, PlanConfig(**bad))
 

@@ -7,9 +7,10 @@ import statistics
 from dataclasses import asdict, replace
 from typing import Any
 
+from envhub.trainer.plan.config import PlanConfig, SimResult
 from envhub.trainer.plan.model import PipelineModel
 from envhub.trainer.plan.record import RunRecord
-from envhub.trainer.plan.simulate import PlanConfig, SimResult, simulate
+from envhub.trainer.plan.simulate import simulate
 
 
 def record_config(record: RunRecord, **overrides: Any) -> PlanConfig:

@@ -21,81 +21,14 @@ import random
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from envhub.errors import ConfigError
+from envhub.trainer.plan.config import PlanConfig, SimResult
 from envhub.trainer.plan.model import EpisodeTrace, PipelineModel
-from envhub.trainer.staleness import Staleness
+from envhub.trainer.plan.pools import SandboxPools
 
 Request = tuple[Any, ...]  # ("delay", s) | ("slot",) | ("acquire",) | ("env", work) | ("gen", steps)
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """The pipeline to simulate: resources, algorithm settings and how long to run."""
-
-    mode: Literal["sync", "async"] = "async"
-    engines: int = 1
-    env_hosts: int = 1
-    learners: int = 1
-    max_staleness: int = 1
-    stale: Literal["drop", "correct"] = "drop"
-    redundancy: int = 0
-    group_size: int = 4
-    groups_per_step: int = 2
-    concurrent_groups: int = 4
-    steps: int = 10
-    env_slots: int = 0  # episodes one env host runs at once (0 = no limit)
-    resample: Literal["group", "episode"] = "group"
-    seed: int = 0
-
-    def validate(self) -> None:
-        """ConfigError for settings no pipeline can have."""
-        for name in ("engines", "env_hosts", "learners", "group_size", "groups_per_step", "steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_staleness", "redundancy", "concurrent_groups", "env_slots"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.mode not in ("sync", "async"):
-            raise ConfigError(f"unknown mode {self.mode!r}", hint="sync or async")
-
-    @property
-    def staleness(self) -> Staleness:
-        return Staleness(self.max_staleness if self.mode == "async" else 0, self.stale)
-
-
-@dataclass
-class SimResult:
-    """What one simulated run did."""
-
-    time_s: float
-    steps: int
-    episodes_trained: int
-    episodes_started: int = 0
-    episodes_cancelled: int = 0
-    groups_filtered: int = 0
-    groups_failed: int = 0
-    groups_dropped: int = 0
-    mean_staleness: float = 0.0
-    engine_busy: float = 0.0  # share of the time an engine had a request running (mean over engines)
-    engine_batch: float = 0.0  # mean requests running while busy
-    env_busy: float = 0.0  # share of the time an env host ran a call (mean over hosts)
-    env_calls: float = 0.0  # mean env calls running per host
-    learner_busy: float = 0.0
-    cold_acquires: int = 0
-    acquire_wait_s: float = 0.0  # mean seconds an episode waited for its sandbox
-    step_ends: list[float] = field(default_factory=list)
-    stage_s: dict[str, float] = field(default_factory=dict)  # mean seconds per stage kind under the simulated load
-    group_s: list[float] = field(default_factory=list)  # each finished group's time from start to its group_size-th
-
-    @property
-    def episodes_per_s(self) -> float:
-        return self.episodes_trained / self.time_s if self.time_s else 0.0
-
-    @property
-    def steps_per_s(self) -> float:
-        return self.steps / self.time_s if self.time_s else 0.0
 
 
 class _Activity:
@@ -128,12 +61,6 @@ class _Group:
     kept: list[_Episode] = field(default_factory=list)
 
 
-@dataclass
-class _Pool:
-    spares: int
-    creating: int = 0  # creations that will become spares
-
-
 def simulate(model: PipelineModel, config: PlanConfig) -> SimResult:
     """Run the pipeline until `config.steps` learner steps are published."""
     config.validate()
@@ -154,8 +81,8 @@ class _Simulator:
         self.host_episodes = [0] * config.env_hosts  # holding a slot
         self.host_load = [0] * config.env_hosts  # assigned (hosts are chosen least-loaded)
         self.slot_waiters: list[deque[_Episode]] = [deque() for _ in range(config.env_hosts)]
-        pool = model.pool
-        self.pools = [_Pool(pool.spares) for _ in range(config.env_hosts)] if pool and pool.spares < 1 << 20 else []
+        pool = model.pool  # a pool that never ran dry (no pool metrics) is no pool: acquires never wait
+        self.pools = SandboxPools(pool, config.env_hosts, self.rng) if pool and pool.spares < 1 << 20 else None
         self.version = self.started = self.discarded = self.in_flight = 0
         self.ready: deque[_Group] = deque()
         self.batch: list[_Group] = []
@@ -163,7 +90,6 @@ class _Simulator:
         self.result = SimResult(0.0, 0, 0)
         self._lags: list[float] = []
         self._integrals = {"engine_busy": 0.0, "engine_rows": 0.0, "env_busy": 0.0, "env_calls": 0.0, "learn": 0.0}
-        self._waits: list[float] = []
         self._stage_times: dict[str, list[float]] = {}
 
     # -- the clock ----------------------------------------------------------------------------------------
@@ -278,9 +204,7 @@ class _Simulator:
         self._stop(activity)
         self._stage_times.setdefault(activity.kind, []).append(self.now - activity.since)
         if activity.kind == "create" and activity.owner is None:
-            pool = self.pools[activity.place]
-            pool.creating -= 1
-            pool.spares += 1
+            self.pools.created(activity.place)  # type: ignore[union-attr]
         elif activity.kind == "learn":
             self.learning, self.publishing = False, True
             self._start(_Activity("publish", self.rng.choice(self.m.publish_s)))
@@ -288,7 +212,7 @@ class _Simulator:
             self._published()
         elif isinstance(activity.owner, _Episode):
             if activity.kind == "create":  # a cold start: the episode waited for it
-                self._waits.append(self.now - activity.owner.acquire_started)
+                self.pools.waited(self.now - activity.owner.acquire_started)  # type: ignore[union-attr]
             self._resume(activity.owner)
 
     # -- episodes -----------------------------------------------------------------------------------------
@@ -331,23 +255,19 @@ class _Simulator:
             self.slot_waiters[ep.host].append(ep)
 
     def _acquire(self, ep: _Episode) -> None:
-        pool = self.pools[ep.host]
+        assert self.pools is not None
         ep.acquire_started, ep.sandbox = self.now, True
-        if pool.spares:
-            pool.spares -= 1
-            self._waits.append(0.0)
-            self._refill(ep.host)
-            self._resume(ep)
-            return
-        self.result.cold_acquires += 1
-        ep.activity = self._start(_Activity("create", self.rng.choice(self.m.pool.create_s), ep.host, ep))
+        warm = self.pools.take(ep.host)
+        if not warm:  # a cold start of its own, a load on the host like the refills
+            ep.activity = self._start(_Activity("create", self.pools.create_s(), ep.host, ep))
         self._refill(ep.host)
+        if warm:
+            self._resume(ep)
 
     def _refill(self, host: int) -> None:
-        pool = self.pools[host]
-        while pool.spares + pool.creating < self.m.pool.spares:
-            pool.creating += 1
-            self._start(_Activity("create", self.rng.choice(self.m.pool.create_s), host))
+        assert self.pools is not None
+        for _ in range(self.pools.refills(host)):
+            self._start(_Activity("create", self.pools.create_s(), host))
 
     def _release(self, ep: _Episode) -> None:
         if ep.sandbox:
@@ -380,7 +300,7 @@ class _Simulator:
         if a is not None:
             if a.kind == "create":  # a cold start already under way becomes a spare
                 a.owner = None
-                self.pools[ep.host].creating += 1
+                self.pools.orphaned(ep.host)  # type: ignore[union-attr]
                 ep.sandbox = False
             else:
                 self.active.remove(a)
@@ -472,6 +392,7 @@ class _Simulator:
         r.env_busy = i["env_busy"] / (t * self.c.env_hosts)
         r.env_calls = i["env_calls"] / (t * self.c.env_hosts)
         r.learner_busy = i["learn"] / t
-        r.acquire_wait_s = sum(self._waits) / len(self._waits) if self._waits else 0.0
+        if self.pools is not None:
+            r.cold_acquires, r.acquire_wait_s = self.pools.cold_acquires, self.pools.mean_wait_s
         r.stage_s = {k: sum(v) / len(v) for k, v in sorted(self._stage_times.items())}
         return r

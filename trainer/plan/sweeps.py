@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from envhub.trainer.plan.config import PlanConfig
 from envhub.trainer.plan.model import PipelineModel
 from envhub.trainer.plan.report import predict
-from envhub.trainer.plan.simulate import PlanConfig
 
 KEEPS = 0.95  # "keeps the speedup": within 5% of the best the sweep found
 
