@@ -161,7 +161,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.reuse:
         rounds = [
-            [check(w, args.steps, Path(d), args.trials, reuse=True) for w in args.workloads if (Path(d) / w).is_dir()]
+            [
+                check(w, args.steps, Path(d), args.trials, reuse=True)
+                for w in args.workloads
+                if (Path(d) / w / "bench.json").is_file()
+            ]
             for d in args.reuse
         ]
     else:
