@@ -121,6 +121,28 @@ def test_a_cancelled_cold_start_becomes_a_spare_and_refills_stop_at_the_target()
     assert pools.take(1) and pools.cold_acquires == 2  # hosts have their own pools
 
 
+def test_sweeps_answer_the_planner_questions_on_an_env_bound_pipeline():
+    from envhub.trainer.plan.sweeps import all_sweeps, redundancy, sweep_tables
+
+    model = pipeline(groups=groups_with_spread(), env_s=1.0, learn_s=0.2, per_call=0.5)  # env calls contend
+    sweeps = all_sweeps(model, PlanConfig(mode="async", steps=4, max_staleness=1), trials=1)
+    speedup = sweeps["scaling"]["speedup"]
+    assert speedup["1"]["1"] == 1.0 and speedup["1"]["16"] > 1.5  # env hosts relieve a contended host
+    assert speedup["8"]["16"] > speedup["1"]["16"]
+    assert sweeps["scaling"]["env_hosts_needed"]["1"]["env_hosts"] > 1
+    by_bound = sweeps["staleness"]["by_bound"]
+    assert by_bound["0"]["speedup"] == 1.0 and by_bound["0"]["mean_staleness"] == 0
+    assert sweeps["staleness"]["smallest_bound_keeping_speedup"] >= 1
+    assert set(sweeps["redundancy"]) == {"recorded_scale", "engines_to_spare"}
+    assert "env hosts needed" in sweep_tables(sweeps)
+    # with capacity to spare and no contention, spare episodes cut the long tail of a sync step
+    uncontended = pipeline(groups=groups_with_spread(), learn_s=0.2)
+    spare = PlanConfig(mode="sync", steps=6, engines=4, env_hosts=8, resample="episode")
+    rows = redundancy(uncontended, spare, (0, 2), trials=2)
+    assert rows["2"]["group_s"]["p90"] < rows["0"]["group_s"]["p90"]
+    assert rows["2"]["episodes_per_s"] > rows["0"]["episodes_per_s"]
+
+
 def test_bad_settings_are_refused():
     model = pipeline()
     for bad in ({"engines": 0}, {"steps": 0}, {"redundancy": -1}, {"mode": "both"}, {"steps": 10**7}):

@@ -1,6 +1,7 @@
 """The questions a planner asks of a measured workload, each answered by a sweep of simulations (`envhub plan
 --sweep`): the speedup as engines and env hosts grow, the env hosts per engine beyond which env latency stops being
-the bottleneck, the staleness bound that keeps the async speedup, and what redundant rollouts do to the long tail.
+the bottleneck, the staleness bound that keeps the async speedup, and what redundant rollouts do to the long tail
+(at the recorded scale, and with engines and env hosts to spare, where the extra episodes cost no one's time).
 
 Scaling is weak scaling: with N engines a learner step takes N times the groups, N times as many groups may be in
 flight and the learner has N data-parallel workers, so each engine sees the load of the recorded one.
@@ -73,10 +74,15 @@ def all_sweeps(model: PipelineModel, config: PlanConfig, trials: int = 3) -> dic
     """Every sweep, on episode-level resampling for redundancy (a recorded group's episodes share a seed, so spares
     drawn from it would finish together)."""
     config = replace(config, steps=max(config.steps, 16))  # long enough that the first step's ramp-up fades
+    spare = replace(config, resample="episode", engines=4 * config.engines, env_hosts=8 * config.env_hosts)
     return {
         "scaling": scaling(model, config, (1, 2, 4, 8), (1, 2, 4, 8, 16), trials),
         "staleness": staleness(model, config, (0, 1, 2, 3, 4), trials),
-        "redundancy": redundancy(model, replace(config, resample="episode"), (0, 1, 2, 4), trials),
+        "redundancy": {
+            "recorded_scale": redundancy(model, replace(config, resample="episode"), (0, 1, 2, 4), trials),
+            # the same batch on 4x the engines and 8x the env hosts: capacity to spare for the extra episodes
+            "engines_to_spare": redundancy(model, spare, (0, 1, 2, 4), trials),
+        },
     }
 
 
@@ -96,11 +102,9 @@ def sweep_tables(sweeps: dict[str, Any]) -> str:
         + ", ".join(f"{s}: {v['speedup']}x" for s, v in st["by_bound"].items())
         + f"; smallest bound keeping it: {st['smallest_bound_keeping_speedup']}"
     )
-    lines.append(
-        "redundancy (extra episodes per group): "
-        + ", ".join(
-            f"+{r}: {v['episodes_per_s']} ep/s, group p90 {v['group_s']['p90']} s"
-            for r, v in sweeps["redundancy"].items()
+    for scale, rows in sweeps["redundancy"].items():
+        lines.append(
+            f"redundancy (extra episodes per group), {scale.replace('_', ' ')}: "
+            + ", ".join(f"+{r}: {v['episodes_per_s']} ep/s, group p90 {v['group_s']['p90']} s" for r, v in rows.items())
         )
-    )
     return "\n".join(lines)
