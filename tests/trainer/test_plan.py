@@ -178,6 +178,29 @@ def test_a_real_run_record_reads_back_and_replays(tiny_run):
     assert report["prediction"]["episodes_per_s"] > 0 and report["replay"]["mean_staleness"] == 0
 
 
+def test_a_corrupted_record_is_refused_with_the_field_named(tiny_run, tmp_path):
+    import shutil
+
+    records_only = shutil.ignore_patterns("checkpoints", "latest", "tb", "*.png")
+
+    for field_name, value in (("generate_s", float("nan")), ("env_s", -3.0), ("at", "soon")):
+        run = tmp_path / field_name
+        shutil.copytree(tiny_run, run, ignore=records_only)
+        rows = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+        turn = next(t for t in rows[0]["log"] if t.get("kind") == "turn")
+        turn[field_name] = value
+        (run / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(ConfigError, match=f"turn.{field_name} = "):
+            read_run(run)
+    metrics = tmp_path / "metrics"
+    shutil.copytree(tiny_run, metrics, ignore=records_only)
+    rows = [json.loads(line) for line in (metrics / "metrics.jsonl").read_text().splitlines()]
+    next(r for r in reversed(rows) if "step_s" in r)["step_s"] = float("inf")
+    (metrics / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="wall-clock times"):
+        read_run(metrics)
+
+
 def test_cli_plan_writes_json_and_refuses_bad_input(tiny_run, tmp_path):
     def plan(*args):
         return subprocess.run(

@@ -10,6 +10,7 @@ close) and places every stage on the run's clock, so the model can see what else
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +121,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{run_dir}/config.json is not JSON: {exc}") from None
     rows = _metric_rows(run_dir / "metrics.jsonl")
-    if not rows or any("time" not in r or "elapsed_s" not in r for r in rows):
+    keys = ("time", "elapsed_s", "step_s", "learner/learner_s")
+    if not rows or not all(_number(r.get(k, 0.0)) for r in rows for k in keys):
         raise ConfigError(
             f"{run_dir}/metrics.jsonl has no step rows with wall-clock times",
             hint="the run must have finished at least one learner step with this version of envhub",
@@ -128,7 +130,10 @@ def read_run(run_dir: str | Path) -> RunRecord:
     run_start = rows[0]["time"] - rows[0]["elapsed_s"]
     # spares cut by their group (redundancy) never finished: they are not traces of whole episodes
     raw = [e for e in read_episodes(run_dir) if e.get("finish_reason") != "cancelled"]
-    episodes = [_episode(e, run_start) for e in raw if _timed(e)]
+    timed = [e for e in raw if _timed(e)]
+    for e in timed:
+        _check_times(e, run_dir / "episodes.jsonl")
+    episodes = [_episode(e, run_start) for e in timed]
     if not episodes:
         raise ConfigError(
             f"{run_dir}/episodes.jsonl has no episodes with stage timings",
@@ -157,10 +162,34 @@ def _metric_rows(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if "step_s" in r]
 
 
+def _number(value: Any) -> bool:
+    """A finite number >= 0 (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _timed(record: dict[str, Any]) -> bool:
     """Whether an episode record carries the stage start times the planner needs."""
     turns = [t for t in record.get("log", []) if t.get("kind") == "turn"]
     return bool(turns) and all("at" in t and "env_at" in t for t in turns) and "time" in record
+
+
+def _check_times(record: dict[str, Any], path: Path) -> None:
+    """ConfigError unless every time and token count the planner reads is a finite number >= 0 (a hand-edited or
+    corrupted record would otherwise stall the simulation or give negative stage times)."""
+    fields = [("time", record.get("time")), ("duration_s", record.get("duration_s"))]
+    for t in record.get("log", []):
+        if t.get("kind") in ("reset", "turn"):
+            keys = ("at", "env_s") if t["kind"] == "reset" else ("at", "env_at", "generate_s", "env_s")
+            fields += [(f"{t['kind']}.{k}", t.get(k, 0.0)) for k in keys]
+            fields += [(f"{t['kind']}.{k}", t[k]) for k in ("new_tokens", "prompt_tokens") if k in t]
+    fields += [(k, record[k]) for k in ("total_tokens", "model_tokens") if k in record]
+    for name, value in fields:
+        if not _number(value):
+            raise ConfigError(
+                f"{path}: an episode of group {record.get('group_id')!r} has {name} = {value!r}, not a finite number "
+                ">= 0",
+                hint="the record is corrupted or was edited; plan from an unmodified run directory",
+            )
 
 
 def _episode(record: dict[str, Any], run_start: float) -> Episode:
