@@ -396,6 +396,7 @@ class Trainer:
             "learner": stats,
             "step_s": step_s,
             "elapsed_s": time.monotonic() - run.started,
+            "time": time.time(),  # wall clock, as in episodes.jsonl: time - elapsed_s is when the run started
             **run.errors.metrics(),
             **(self.engine.metrics() if isinstance(self.engine, WatchedEngine) else {}),
             "tasks": run.recorder.task_metrics(),
