@@ -38,6 +38,7 @@ class ModelConfig:
     )
     tiny_layers: int = 2  #: layers of the "tiny" model
     tiny_hidden: int = 64  #: hidden size of the "tiny" model
+    tiny_heads: int = 4  #: attention heads of the "tiny" model (head_dim = tiny_hidden / tiny_heads; vLLM needs >= 32)
     lora: LoraConfig = field(default_factory=LoraConfig)  #: LoRA adapters (r > 0) instead of full fine-tuning
 
 

@@ -75,8 +75,10 @@ class ManagedServer:
         env: Mapping[str, str] | None = None,
         log_path: str | Path | None = None,
         cwd: str | Path | None = None,
+        inherit_output: bool = False,
     ) -> ManagedServer:
-        """Start `command` in a new session, its stdout and stderr going to `log_path` (a temp file by default)."""
+        """Start `command` in a new session, its stdout and stderr going to `log_path` (a temp file by default),
+        or to ours with `inherit_output` (a server run in the foreground)."""
         path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"envhub-{name}-", suffix=".log")[1])
         path.parent.mkdir(parents=True, exist_ok=True)
         shm_before = _shm_names()
@@ -85,8 +87,8 @@ class ManagedServer:
                 process = subprocess.Popen(
                     list(command),
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+                    stdout=None if inherit_output else log,
+                    stderr=None if inherit_output else subprocess.STDOUT,
                     env=dict(env) if env is not None else None,
                     cwd=cwd,
                     start_new_session=True,

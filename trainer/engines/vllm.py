@@ -201,7 +201,9 @@ class VLLMEngine(InferenceEngine):
     async def _request(
         self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None
     ) -> tuple[int, Any]:
-        """One request; connection failures and 5xx are retried (unless the managed server has exited)."""
+        """One request. Connection failures are retried (unless the managed server has exited); a 5xx is
+        retried only for GETs: a POST that failed on the server (a generation, a weight reload) is not
+        repeated blindly."""
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             self._raise_if_dead()
@@ -215,6 +217,7 @@ class VLLMEngine(InferenceEngine):
                     )
             except _CONNECTION_ERRORS as exc:
                 last = exc
+                await self._settle()
                 continue
             if response.status == 401:
                 raise EngineError(
@@ -222,13 +225,24 @@ class VLLMEngine(InferenceEngine):
                 )
             if response.status >= 500:
                 last = EngineError(f"{path} answered {response.status}: {_message(payload)}")
+                await self._settle()
+                if method != "GET":
+                    break
                 continue
             return response.status, payload
         self._raise_if_dead()
         raise EngineError(
-            f"vLLM at {self.url}{path} failed: {type(last).__name__}: {last}",
-            hint="is the server running? (engine.kind vllm without url launches one)",
+            f"vLLM at {self.url}{path} failed: {last}",
+            hint="see the server's log; an attached server must run with VLLM_SERVER_DEV_MODE=1 --enable-scale-out",
         )
+
+    async def _settle(self, seconds: float = 3.0) -> None:
+        """After a failure, give a dying managed server a moment to exit, so the error can say how it ended."""
+        if self.server is None:
+            return
+        deadline = time.monotonic() + seconds
+        while self.server.returncode is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     async def _post(self, path: str, body: Any = None, params: dict[str, str] | None = None) -> Any:
         status, payload = await self._request("POST", path, body if body is not None else {}, params)
@@ -347,6 +361,7 @@ class VLLMEngine(InferenceEngine):
             self.version = version
 
     async def _reload(self, path: Path, version: int, write_s: float) -> PushTiming:
+        _check_weights_dir(path)  # a failed in-place reload leaves vLLM's model unusable: refuse before it starts
         t0 = time.perf_counter()
         await self.pause()
         t1 = time.perf_counter()
@@ -355,7 +370,18 @@ class VLLMEngine(InferenceEngine):
                 "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             )
             if not isinstance(reply, dict) or "results" not in reply:
-                raise EngineError(f"reload_weights from {path} failed: {reply}")
+                raise EngineError(f"reload_weights from {path} answered {reply}")
+        except EngineError as exc:
+            if self.server is not None:  # its weights are half-loaded: stop it so no request hangs or gets garbage
+                await asyncio.to_thread(self.server.stop)
+                raise EngineError(
+                    f"vLLM failed to load weights from {path}; the server was stopped (an in-place reload that fails "
+                    f"leaves the model unusable): {exc}",
+                    hint="check the weight names and shapes against the served model",
+                ) from exc
+            await self.resume()
+            raise
+        try:
             await self._post("/update_weight_version", {"new_version": str(version)})
             await self._post("/reset_prefix_cache")  # KV cached under the old weights must not be reused
             t2 = time.perf_counter()
@@ -399,6 +425,14 @@ def write_safetensors(state: Mapping[str, Any], root: Path = SHM_DIR) -> Path:
         tensors[name] = data
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
+
+
+def _check_weights_dir(path: Path) -> None:
+    if not path.is_dir() or not any(path.glob("*.safetensors")):
+        raise EngineError(
+            f"{path} is not a directory of .safetensors files",
+            hint="save the weights with save_pretrained(dir) or pass a state dict (written to /dev/shm)",
+        )
 
 
 def _finish_reason(value: Any) -> FinishReason:

