@@ -33,7 +33,7 @@ from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.launcher import ManagedServer, module_command
 from envhub.trainer.engines.sglang import span_versions
-from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, vllm_python
+from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, served_model_dir, vllm_python
 
 VLLMPauseMode = Literal["abort", "keep", "wait"]
 # envhub's engine.pause_mode names (SGLang's) -> vLLM's: resubmitting an aborted request re-prefills it under
@@ -141,7 +141,7 @@ class VLLMEngine(InferenceEngine):
     @classmethod
     async def launch(
         cls,
-        model_dir: str | Path,
+        model: str | Path,
         *,
         port: int = 0,
         dtype: str = "float32",
@@ -154,10 +154,11 @@ class VLLMEngine(InferenceEngine):
         owned_paths: tuple[Path, ...] = (),
         **client: Any,
     ) -> VLLMEngine:
-        """Start `vllm serve` for `model_dir` on 127.0.0.1 (RL routes on) and wait until it answers /health."""
+        """Start `vllm serve` on 127.0.0.1 (RL routes on) for `model` ("smollm2", "tiny" or a Hugging Face
+        directory) and wait until it answers /health."""
         python = vllm_python()
         args = VLLMServerArgs(
-            model=str(model_dir),
+            model=str(served_model_dir(str(model))),
             port=port or free_port(),
             dtype=dtype,
             max_model_len=max_model_len,
