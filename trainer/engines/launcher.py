@@ -123,7 +123,10 @@ class ManagedServer:
         """The error to raise when the server has exited: its code and log tail."""
         code = self.returncode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return EngineError(f"the {self.name} server (pid {self.pid}) {how}; its log ends:\n{self.log_tail()}")
+        return EngineError(
+            f"the {self.name} server (pid {self.pid}) {how}; its log ends:\n{self.log_tail()}",
+            hint=f"full log: {self.log_path}",
+        )
 
     async def wait_ready(self, health_url: str, timeout: float) -> None:
         """Poll `health_url` until it answers 200; EngineError (with the log tail) on exit or after `timeout` s."""
@@ -137,6 +140,7 @@ class ManagedServer:
                 try:
                     async with session.get(health_url) as response:
                         if response.status == 200:
+                            self._group_pids |= _group_members(self.pid)  # all up now; some may die unseen later
                             return
                 except (TimeoutError, aiohttp.ClientError):
                     pass
@@ -152,7 +156,6 @@ class ManagedServer:
     def stop(self, grace: float = 15.0) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after `grace` seconds; returns the main process's status."""
         self._group_pids |= _group_members(self.pid)
-        killed = False
         if _group_alive(self.pid):
             _signal_group(self.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
@@ -162,7 +165,6 @@ class ManagedServer:
             if _group_alive(self.pid):
                 self._group_pids |= _group_members(self.pid)
                 _signal_group(self.pid, signal.SIGKILL)
-                killed = True
                 deadline = time.monotonic() + 10
                 while _group_alive(self.pid) and time.monotonic() < deadline:
                     self._reap()
@@ -170,7 +172,7 @@ class ManagedServer:
         self._reap()
         with _RUNNING_LOCK:
             _RUNNING.discard(self)
-        clean_shm_leftovers(self._shm_before, self._group_pids, everything_new=killed)
+        clean_shm_leftovers(self._shm_before, self._group_pids)
         return self.process.returncode
 
     def _reap(self) -> None:
@@ -227,17 +229,20 @@ def _mapped_shm() -> set[str]:
     return mapped
 
 
-def clean_shm_leftovers(before: set[str], pids: set[int], *, everything_new: bool) -> list[str]:
-    """Remove a stopped server's /dev/shm debris: libiomp files named after its pids, and (after a SIGKILL)
-    multiprocessing segments and semaphores that appeared since it started and no live process maps."""
+def clean_shm_leftovers(before: set[str], pids: set[int]) -> list[str]:
+    """Remove what a stopped server group left in /dev/shm: multiprocessing segments and semaphores that
+    appeared since it started and no live process maps (a SIGKILLed vLLM leaves ~400 MiB of rings), and
+    libiomp's files named after its pids."""
     new = [name for name in _shm_names() - before if _SHM_LEFTOVER.match(name)]
     if not new:
         return []
     mapped = _mapped_shm()
     removed = []
     for name in new:
-        owned = name.startswith("__KMP_REGISTERED_LIB_") and any(f"_{pid}_" in name for pid in pids)
-        if name in mapped or not (owned or (everything_new and not name.startswith("__KMP"))):
+        if name.startswith("__KMP_REGISTERED_LIB_"):
+            if not any(name.startswith(f"__KMP_REGISTERED_LIB_{pid}_") for pid in pids):
+                continue
+        elif name in mapped:
             continue
         try:
             (SHM / name).unlink()
