@@ -1,13 +1,12 @@
-"""TrajectoryQueue: finished GRPO groups between rollouts and the learner, with a staleness bound.
+"""TrajectoryQueue: finished GRPO groups between rollouts and the learner, within the staleness bound.
 
-Admission control keeps async training within `max_staleness`: a producer may start a group only while
-started-and-not-discarded groups stay below (learner_version + max_staleness + 1) * groups_per_step.
-With max_staleness = 0 this is synchronous training: rollouts for version v+1 cannot start before the
-learner has published v+1. Staleness is per token: a group is dropped only when every model token is
-older than the bound; otherwise the learner drops (or importance-corrects) just its old tokens, so a long
-multi-turn episode is not discarded for its length. Episodes cut by the wall-time watchdog leave their
-group (their 0 reward says the env was slow, not that the policy failed); groups whose rewards agree
-within a tolerance carry no GRPO signal and are filtered. Every such decision is counted.
+Admission control keeps async training within the `Staleness` rule (`envhub.trainer.staleness`): a producer may
+start a group only while started-and-not-discarded groups stay below (learner_version + max_staleness + 1) *
+groups_per_step. With max_staleness = 0 this is synchronous training: rollouts for version v+1 cannot start before
+the learner has published v+1. A finished group none of whose tokens the learner could use is dropped; the learner
+weighs the tokens of the others. Episodes cut by the wall-time watchdog leave their group (their 0 reward says the
+env was slow, not that the policy failed); groups whose rewards agree within a tolerance carry no GRPO signal and are
+filtered. Every such decision is counted.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Literal
 
+from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
 Group = list[Trajectory]
@@ -48,15 +47,13 @@ class TrajectoryQueue:
     def __init__(
         self,
         groups_per_step: int,
-        max_staleness: int,
-        stale: Literal["drop", "correct"] = "drop",
+        staleness: Staleness | None = None,
         filter_zero_variance: bool = True,
         zero_variance_tol: float = 1e-6,
         max_reward: float = 1.0,
     ) -> None:
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
-        self.stale = stale
+        self.staleness = staleness or Staleness()
         self.filter_zero_variance = filter_zero_variance
         self.zero_variance_tol = zero_variance_tol
         self.max_reward = max_reward
@@ -71,7 +68,7 @@ class TrajectoryQueue:
 
     def capacity(self) -> int:
         """How many groups may have been started (minus those discarded) at the current version."""
-        return (self.version + self.max_staleness + 1) * self.groups_per_step
+        return self.staleness.capacity(self.version, self.groups_per_step)
 
     async def admit(self) -> None:
         """Wait until one more group may start without breaking the staleness bound."""
@@ -137,44 +134,29 @@ class TrajectoryQueue:
             self._changed.notify_all()
             return "accepted"
 
-    def staleness(self, group: Group) -> int:
+    def lag(self, group: Group) -> int:
         """Learner version minus the oldest policy version that produced a token of `group`."""
-        oldest = min((t.oldest_version for t in group if t.oldest_version >= 0), default=self.version)
-        return self.version - oldest
+        return Staleness.lag(group, self.version)
 
-    def min_version(self) -> int:
-        """The oldest policy version whose tokens are still within the staleness bound."""
-        return self.version - self.max_staleness
-
-    def _newest_version(self, group: Group) -> int:
-        return max((v for t in group for v, m in zip(t.versions, t.loss_mask) if m), default=self.version)
-
-    async def get_batch(self, n_groups: int | None = None) -> tuple[list[Group], bool]:
-        """Wait for `n_groups` usable groups; returns them and whether any holds tokens beyond the bound.
-
-        A group is dropped (`stale: drop`) only when all its model tokens are too old; the learner handles
-        the old tokens of the others (masked in drop mode, importance-corrected in correct mode).
-        """
+    async def get_batch(self, n_groups: int | None = None) -> list[Group]:
+        """Wait for `n_groups` groups the learner can use; a group with no token within the bound is dropped."""
         n_groups = n_groups or self.groups_per_step
         batch: list[Group] = []
-        corrected = False
         async with self._changed:
             while len(batch) < n_groups:
                 await self._changed.wait_for(lambda: bool(self._ready))
                 group = self._ready.popleft()
-                if self.staleness(group) > self.max_staleness:
-                    if self.stale == "drop" and self._newest_version(group) < self.min_version():
-                        self.counters.dropped_stale += 1
-                        await self._discard()
-                        if self.on_dropped is not None:
-                            self.on_dropped(group)
-                        continue
-                    if self.stale == "correct":
-                        self.counters.corrected_stale += 1
-                        corrected = True
+                if not self.staleness.usable(group, self.version):
+                    self.counters.dropped_stale += 1
+                    await self._discard()
+                    if self.on_dropped is not None:
+                        self.on_dropped(group)
+                    continue
+                if self.staleness.mode == "correct" and self.lag(group) > self.staleness.max_staleness:
+                    self.counters.corrected_stale += 1  # the learner importance-corrects its stale tokens
                 batch.append(group)
             self.counters.consumed += len(batch)
-        return batch, corrected
+        return batch
 
     async def set_version(self, version: int) -> None:
         """The learner published `version`: admit the rollouts it allows."""

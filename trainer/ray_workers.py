@@ -1,6 +1,6 @@
 """Rollouts on Ray: `EnvWorker` actors play episodes on CPU nodes against an engine reachable over HTTP.
 
-The driver (the learner's process) keeps the queue and the train loop. `RayRolloutSource.run_group`
+The driver (the learner's process) keeps the queue and the train loop. `RayRolloutSource.play_group`
 sends each episode of a group to the least-loaded `EnvWorker`; an actor runs many episodes at once as
 asyncio tasks, each with its own env, and returns finished `Trajectory` objects. When an actor dies
 (`RayActorError`), the driver starts a new one in its slot and resubmits the episodes that were running
@@ -21,7 +21,7 @@ import envhub
 from envhub.errors import EngineError
 from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
 from envhub.trainer.engines.routing import http_engines
-from envhub.trainer.rollout import first_finished
+from envhub.trainer.rollout_sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
 
 
@@ -80,9 +80,9 @@ class EnvWorker:
         self.factories: dict[str, Any] = {}
 
     async def run_episode(self, task: TaskConfig, seed: int, group_id: str) -> Trajectory:
-        """Play one episode of `task` to its end."""
+        """Play one episode of `task` to its end; an error ends it as an "error" trajectory (never raised)."""
         if task.env not in self.factories:
-            self.factories[task.env] = self._env_factory(task)
+            self.factories[task.env] = lambda: self._env_factory(task)()  # an unknown id fails at build, counted
         return await self.worker.run_episode(self.factories[task.env], task.env, seed, group_id)
 
     async def pid(self) -> int:
@@ -116,6 +116,7 @@ class RayRolloutSource:
         self._slots = asyncio.Semaphore(options.workers * options.episodes_per_worker)
         self.episodes_finished = 0
         self.episodes_retried = 0
+        self.on_episode: EpisodeCallback | None = None  # sees every episode an actor returns
         self.actors_restarted = 0
 
     @classmethod
@@ -180,6 +181,8 @@ class RayRolloutSource:
                 try:
                     traj = await ref
                     self.episodes_finished += 1
+                    if self.on_episode is not None:
+                        self.on_episode(traj)
                     return traj
                 except asyncio.CancelledError:
                     self.ray.cancel(ref)
@@ -199,12 +202,11 @@ class RayRolloutSource:
             f"episode of {task.env} (seed {seed}) failed on {self.options.max_episode_retries + 1} env workers in a row"
         )
 
-    async def run_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
+    async def play_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
         """group_size + redundancy episodes of one seed on the actors; the first group_size to finish are kept."""
-        episodes = [
-            self._episode(task, seed, group_id) for _ in range(self.rollout.group_size + self.rollout.redundancy)
-        ]
-        return await first_finished(episodes, self.rollout.group_size)
+        size = self.rollout.group_size
+        episodes = [self._episode(task, seed, group_id) for _ in range(size + self.rollout.redundancy)]
+        return await keep_first_finished(episodes, size)
 
     async def close(self) -> None:
         """Stop the actors, the engine server and (if this source started it) Ray."""

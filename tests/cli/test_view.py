@@ -125,3 +125,20 @@ def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     assert main(["view", str(tmp_path)]) == 2
     assert "no episodes.jsonl" in capsys.readouterr().err
+
+
+async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):
+    from envhub.agents import ExpertAgent
+    from envhub.eval import evaluate
+    from envhub.trainer.records import read_episodes
+
+    await evaluate(["FrozenLake-v0"], ExpertAgent, episodes=2, out_dir=tmp_path, agent_name="expert")
+    episodes = read_episodes(tmp_path)
+    assert [(e["task"], e["seed"], e["group_outcome"]) for e in episodes] == [
+        ("FrozenLake-v0", 0, "evaluated"),
+        ("FrozenLake-v0", 1, "evaluated"),
+    ]
+    first = episodes[0]
+    assert first["reward"] == 1.0 and first["log"][0]["kind"] == "reset" and "goal" in first["log"][0]["observation"]
+    moves = first["log"][1:]
+    assert len(moves) == first["turns"] > 0 and all(t["text"] in ("up", "down", "left", "right") for t in moves)

@@ -101,3 +101,29 @@ async def test_env_workers_pass_the_env_servers_token(local_ray, tmp_path, monke
         assert result.last_step == 1
     finally:
         stop()
+
+
+async def test_a_task_failing_on_every_ray_worker_stops_the_run_naming_task_and_error(local_ray, tmp_path, monkeypatch):
+    from envhub.trainer.task_errors import TaskFailing
+    from tests.conftest import start_server
+
+    running, stop = start_server(tokens=["ray-secret"])
+    monkeypatch.delenv("ENVHUB_TOKEN", raising=False)  # the actors have no token: every episode gets 401 at reset
+    try:
+        cfg = config_from_dict(
+            {
+                "model": {"name": "tiny"},
+                "tasks": [{"env": "Letters-v0", "remote": running.url}],
+                "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1, "max_task_errors": 4},
+                "algorithm": {"groups_per_step": 1, "lr": 0.01, "mode": "sync"},
+                "budget": {"steps": 1, "checkpoint_every": 10},
+                "out_dir": str(tmp_path),
+            }
+        )
+        with pytest.raises(TaskFailing) as caught:
+            await asyncio.wait_for(Trainer(cfg, ray=RayOptions(workers=1)).run(), 180)
+        assert str(caught.value).startswith("task Letters-v0: ") and "(at reset)" in str(caught.value)
+        assert "401" in str(caught.value) or "token" in str(caught.value)
+        assert (tmp_path / "episode_errors.jsonl").read_text().count('"stage": "reset"') >= 4
+    finally:
+        stop()
