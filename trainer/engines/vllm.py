@@ -136,6 +136,7 @@ class VLLMEngine(InferenceEngine):
         self._active: dict[str, str] = {}  # envhub rid -> the vLLM request id of its current submission
         self._user_aborted: set[str] = set()
         self._push_lock = asyncio.Lock()
+        self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @classmethod
@@ -178,6 +179,7 @@ class VLLMEngine(InferenceEngine):
 
     async def close(self) -> None:
         """Close the HTTP session; stop the server if this engine launched it."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -195,8 +197,9 @@ class VLLMEngine(InferenceEngine):
             )
         return self._session
 
-    def _raise_if_dead(self) -> None:
-        if self.server is not None and self.server.returncode is not None:
+    def raise_if_failed(self) -> None:
+        """Raise the managed server's exit (its code and log tail) once it has stopped on its own."""
+        if self.server is not None and self.server.returncode is not None and not self._closed:
             raise self.server.exit_error()
 
     async def _request(
@@ -207,10 +210,10 @@ class VLLMEngine(InferenceEngine):
         repeated blindly."""
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
-            self._raise_if_dead()
+            self.raise_if_failed()
             if attempt:
                 await asyncio.sleep(min(0.25 * 2**attempt, 4.0))
-                self._raise_if_dead()
+                self.raise_if_failed()
             try:
                 async with self._client().request(method, self.url + path, json=body, params=params) as response:
                     payload: Any = (
@@ -231,7 +234,7 @@ class VLLMEngine(InferenceEngine):
                     break
                 continue
             return response.status, payload
-        self._raise_if_dead()
+        self.raise_if_failed()
         raise EngineError(
             f"vLLM at {self.url}{path} failed: {last}",
             hint="see the server's log; an attached server must run with VLLM_SERVER_DEV_MODE=1 --enable-scale-out",
