@@ -32,7 +32,7 @@ from envhub.chat_tokens import ChatTokens
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.vllm import VLLMEngine
-from envhub.trainer.engines.vllm_command import served_model_dir
+from envhub.trainer.engines.vllm_weights import served_model_dir
 
 ENVS = ("Math-v0", "Sokoban-v0", "Letters-v0")
 

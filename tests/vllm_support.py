@@ -59,7 +59,7 @@ def serve_engine_vllm(*args: str, timeout: float = 900.0) -> Iterator[str]:
         yield os.environ[URL_ENV].rstrip("/")
         return
     require_vllm()
-    from envhub.trainer.engines.vllm import free_port
+    from envhub.trainer.engines.launcher import free_port
 
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="envhub-serve-vllm-", suffix=".log", delete=False)

@@ -58,7 +58,8 @@ def _serve_vllm(args: argparse.Namespace) -> int:
     from envhub.errors import EngineError
     from envhub.trainer.engines.launcher import ManagedServer, module_command
     from envhub.trainer.engines.server_security import API_KEY_ENV, check_bind, is_loopback
-    from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, served_model_dir, vllm_python
+    from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, vllm_python
+    from envhub.trainer.engines.vllm_weights import served_model_dir
 
     for name in _LOCAL_ONLY:
         if getattr(args, name) is not None:

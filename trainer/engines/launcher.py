@@ -18,6 +18,7 @@ import atexit
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,13 @@ _PDEATHSIG_SHIM = (
 
 _RUNNING: set[ManagedServer] = set()
 _RUNNING_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def module_command(python: str | Path, module: str, args: Sequence[str]) -> list[str]:

