@@ -2,7 +2,8 @@
 
 `make install` builds `.venv-vllm`; `make test` sets ENVHUB_REQUIRE_VLLM=1, so a missing vLLM fails the tests.
 Elsewhere they skip with the reason. ENVHUB_VLLM_URL=http://127.0.0.1:N makes the tests use a server already
-running (`envhub serve-engine --backend vllm --model tiny --rl-routes --port N`) instead of starting one.
+running (`envhub serve-engine --backend vllm --model tiny --rl-routes --api-key envhub-test-key --port N`) instead
+of starting one.
 """
 
 from __future__ import annotations

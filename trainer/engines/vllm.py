@@ -229,36 +229,26 @@ class VLLMEngine(InferenceEngine):
         output_ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
-        finish: FinishReason = "abort"
-        attempt = 0
+        finish: FinishReason = "length"
+        submissions = 0
         self.in_flight += 1
         try:
             for attempt in range(self.max_resubmits + 1):
-                request_id = rid if attempt == 0 else f"{rid}/r{attempt}"
-                self._active[rid] = request_id
-                body = {
-                    "request_id": request_id,
-                    "token_ids": list(input_ids) + output_ids,
-                    "sampling_params": vllm_sampling(
-                        replace(sampling, max_new_tokens=sampling.max_new_tokens - len(output_ids))
-                    ),
-                }
-                choice = (await self._post("/inference/v1/generate", body))["choices"][0]
-                ids = [int(t) for t in choice.get("token_ids") or []]
-                content = (choice.get("logprobs") or {}).get("content") or []
-                if len(content) != len(ids):
-                    raise EngineError(
-                        f"vLLM returned {len(ids)} tokens but {len(content)} logprobs",
-                        hint="the server must run with --logprobs-mode processed_logprobs and honour logprobs: 0",
-                    )
-                output_ids += ids
-                logprobs += [float(entry["logprob"]) for entry in content]
-                versions += span_versions({"weight_versions": choice.get("weight_versions")}, len(ids), self.version)
-                finish = _finish_reason(choice.get("finish_reason"))
-                if finish != "abort" or rid in self._user_aborted or len(output_ids) >= sampling.max_new_tokens:
+                remaining = sampling.max_new_tokens - len(output_ids)
+                if remaining <= 0:  # nothing (more) to generate: a resubmission would ask vLLM for 0 tokens
+                    finish = "length"
                     break
-            if finish == "abort" and len(output_ids) >= sampling.max_new_tokens:
-                finish = "length"
+                self._active[rid] = rid if attempt == 0 else f"{rid}/r{attempt}"
+                submissions += 1
+                segment = await self._submit(
+                    self._active[rid], list(input_ids) + output_ids, replace(sampling, max_new_tokens=remaining)
+                )
+                output_ids += segment.output_ids
+                logprobs += segment.logprobs
+                versions += segment.token_versions
+                finish = segment.finish_reason
+                if finish != "abort" or rid in self._user_aborted:
+                    break
         finally:
             self.in_flight -= 1
             self._active.pop(rid, None)
@@ -272,10 +262,31 @@ class VLLMEngine(InferenceEngine):
                 "rid": rid,
                 "prompt_tokens": len(input_ids),
                 "completion_tokens": len(output_ids),
-                "resubmits": attempt,
+                "resubmits": max(0, submissions - 1),
             },
             token_versions=versions,
         )
+
+    async def _submit(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+        """One /inference/v1/generate call: its tokens, logprobs, per-token versions and finish reason."""
+        body = {"request_id": request_id, "token_ids": list(token_ids), "sampling_params": vllm_sampling(sampling)}
+        payload = await self._post("/inference/v1/generate", body)
+        try:
+            choice = payload["choices"][0]
+            ids = [int(t) for t in choice.get("token_ids") or []]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            logprobs = [float(entry["logprob"]) for entry in content]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise EngineError(
+                f"vLLM's /inference/v1/generate answered an unexpected body: {str(payload)[:300]}"
+            ) from exc
+        if len(logprobs) != len(ids):
+            raise EngineError(
+                f"vLLM returned {len(ids)} tokens but {len(logprobs)} logprobs",
+                hint="the server must run with --logprobs-mode processed_logprobs and honour logprobs: 0",
+            )
+        versions = span_versions({"weight_versions": choice.get("weight_versions")}, len(ids), self.version)
+        return GenerateResult(ids, logprobs, _finish_reason(choice.get("finish_reason")), token_versions=versions)
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort one request by its rid, or every request; aborted requests are not resubmitted."""

@@ -1,7 +1,7 @@
 """VLLMEngine and `envhub serve-engine --backend vllm` against one real vLLM server (CPU build) on 127.0.0.1.
 
-The server is started once for the module through the CLI (`--model tiny --rl-routes`): tiny_llama(seed 0) with
-head_dim 32. The embedded engine and a plain forward pass over the same weights are the references: greedy ids
+The server is started once for the module through the CLI (`--model tiny --rl-routes --api-key`): tiny_llama(seed
+0) with head_dim 32. The embedded engine and a plain forward pass over the same weights are the references: greedy ids
 must be equal and logprobs within 1e-4 (fp32; seen: 4e-6).
 """
 
@@ -31,17 +31,18 @@ pytestmark = pytest.mark.slow
 LOGPROB_TOL = 1e-4
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 LONG = 1800  # tokens per request in the push tests: long enough that a push lands mid-generation
+KEY = "envhub-test-key"
 
 
 @pytest.fixture(scope="module")
 def vllm_url():
-    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1") as url:
+    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", KEY) as url:
         yield url
 
 
 @pytest.fixture
 async def vllm(vllm_url):
-    engine = VLLMEngine(vllm_url, retries=1)
+    engine = VLLMEngine(vllm_url, retries=1, api_key=KEY)
     yield engine
     await engine.close()
 
@@ -151,7 +152,7 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
 
 
 async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model, tokenizer):
-    keep = VLLMEngine(vllm.url, pause_mode="in_place")
+    keep = VLLMEngine(vllm.url, pause_mode="in_place", api_key=KEY)
     prompt = chat_prompt(tokenizer, "What is 7+5? Answer briefly.")
     try:
         running = asyncio.create_task(
@@ -196,6 +197,13 @@ async def test_bad_requests_are_clear_errors_and_leave_the_server_serving(vllm, 
         await vllm.update_weights(42)
     with pytest.raises(EngineError, match="unknown pause_mode"):
         VLLMEngine(vllm.url, pause_mode="sideways")
+    nothing = await vllm.generate(prompt, SamplingParams(max_new_tokens=0))
+    assert nothing.output_ids == [] and nothing.finish_reason == "length"
+    keyless = VLLMEngine(vllm.url, retries=0)
+    with pytest.raises(EngineError, match="401 Unauthorized"):
+        await keyless.generate(prompt, GREEDY)
+    assert await keyless.health()  # /health stays open for probes
+    await keyless.close()
     assert await vllm.health()
     result = await vllm.generate(prompt, GREEDY)  # not left paused by the failed push
     assert len(result.output_ids) == GREEDY.max_new_tokens and not vllm.pushes
@@ -236,7 +244,7 @@ TOOLS = [
 async def test_chat_tool_calls_use_our_template_and_the_hermes_parser(vllm_url, tokenizer):
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=vllm_url + "/v1", api_key="unused", max_retries=0)
+    client = AsyncOpenAI(base_url=vllm_url + "/v1", api_key=KEY, max_retries=0)
     messages = [{"role": "system", "content": "Push the box."}, {"role": "user", "content": "Go."}]
     call = '<tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>'
     forced = {"structured_outputs": {"regex": call.replace("{", "\\{").replace("}", "\\}")}}
@@ -268,7 +276,7 @@ async def test_chat_tool_calls_use_our_template_and_the_hermes_parser(vllm_url, 
 async def test_envhub_eval_drives_it_with_native_tool_calls(vllm_url, tmp_path):
     from envhub.agents.chat import ChatAgent
 
-    agent = ChatAgent(vllm_url + "/v1", max_tokens=16)
+    agent = ChatAgent(vllm_url + "/v1", api_key=KEY, max_tokens=16)
     env = envhub.make("Sokoban-v0")
     obs, info = await env.areset(seed=0)
     agent.reset(info)
@@ -279,7 +287,7 @@ async def test_envhub_eval_drives_it_with_native_tool_calls(vllm_url, tmp_path):
     command = [sys.executable, "-m", "envhub.cli.main", "eval", "Sokoban-v0", "--agent", f"openai:{vllm_url}/v1"]
     done = await asyncio.to_thread(
         subprocess.run,
-        [*command, "-n", "2", "--max-turns", "2", "--max-tokens", "16", "--out", str(out), "--quiet"],
+        [*command, "-n", "2", "--max-turns", "2", "--max-tokens", "16", "--api-key", KEY, "--out", str(out), "--quiet"],
         capture_output=True,
         text=True,
         timeout=600,
