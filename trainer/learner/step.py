@@ -17,9 +17,10 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
-from envhub.trainer.learner.grpo import group_advantages, loss_stats, policy_loss
+from envhub.trainer.learner.grpo import group_advantages, loss_stats, masked_mean
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
+from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
 from envhub.trainer.learner.precision import Precision, cast_state, check_fp32_masters, resolve_precision
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
@@ -164,6 +165,7 @@ class Learner:
             "step_skipped": float(skipped),
             "skipped_steps": float(self.skipped_steps),
             "learner_s": time.monotonic() - started,
+            **{name: float(sums[5 + i]) for i, name in enumerate(pg_stat_names(self.config))},
         }
 
     def _micro_batches(self, groups: list[list[Trajectory]], version: int) -> tuple[list[MicroBatch], int]:
@@ -196,7 +198,8 @@ class Learner:
         mine += [batches[-1]] * (count - len(mine))  # equal backward counts on every process; padding rows weigh 0
         self.scorer.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, clip fraction, kl, ratio, model tokens (token-weighted)
+        # loss, clip fraction, kl, ratio, model tokens, then the variant's and IS correction's diagnostics
+        sums = torch.zeros(5 + len(pg_stat_names(self.config)), dtype=torch.float64)
         for i, (mb, weight) in enumerate(zip(mine, weights)):
             with self._sync(i == count - 1):
                 sums += self._micro_step(mb, weight, total_tokens, world)
@@ -246,25 +249,18 @@ class Learner:
             if self.reference is not None:
                 with torch.no_grad():
                     ref = self.reference(ids, attn, mask)
-        proximal = torch.where(stale, logprobs.detach(), behavior) if bool(stale.any()) else None
-        loss = policy_loss(
-            logprobs,
-            behavior,
-            mb.advantages.to(dev),
-            mask,
-            cfg.clip_low,
-            cfg.clip_high,
-            proximal_logprobs=proximal,
-            tis_cap=cfg.tis_cap if proximal is not None else None,
-            ref_logprobs=ref,
-            kl_coef=cfg.kl_coef,
+        per_token, stats = pg_token_loss(
+            logprobs, behavior, mb.advantages.to(dev), mask, cfg, stale=stale, ref_logprobs=ref
         )
+        loss = masked_mean(per_token, mask)
         share = float(mask.sum()) / total_tokens * weight  # token mean over the whole step, not per micro-batch
         if loss.requires_grad:
             (loss * share * world).backward()  # DDP / FSDP average gradients over processes: undo it
-        stats = loss_stats(logprobs.detach(), behavior, mask, cfg.clip_low, cfg.clip_high)
-        diagnostics = [float(loss.detach()), stats.clip_fraction, stats.approx_kl, stats.mean_ratio]
-        return torch.tensor([x * share for x in diagnostics] + [float(mask.sum()) * weight], dtype=torch.float64)
+        clip = loss_stats(logprobs.detach(), behavior, mask, cfg.clip_low, cfg.clip_high)
+        diagnostics = [float(loss.detach()), clip.clip_fraction, clip.approx_kl, clip.mean_ratio]
+        diagnostics = [x * share for x in diagnostics] + [float(mask.sum()) * weight]
+        diagnostics += [stats[name] * share for name in pg_stat_names(cfg)]  # the variant's and IS correction's
+        return torch.tensor(diagnostics, dtype=torch.float64)
 
     def engine_state(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Full weights for an engine in `dtype` (default: the engine dtype); LoRA adapters merged in."""
