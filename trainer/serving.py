@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from envhub.errors import EngineError
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.learner.precision import export_weights, resolve_precision
@@ -52,14 +51,7 @@ async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
     cfg = config.engine
     client = {"api_key": cfg.api_key or None, "pause_mode": cfg.pause_mode}
     if cfg.url:
-        engine = VLLMEngine(cfg.url, **client)
-        if not await engine.health():  # fail in seconds, not after every episode has failed
-            await engine.close()
-            raise EngineError(
-                f"no vLLM server answers at {cfg.url}/health",
-                hint="start one (envhub serve-engine --backend vllm --rl-routes ...) or drop engine.url to launch one",
-            )
-        return engine
+        return await VLLMEngine.attach(cfg.url, **client)  # a wrong URL fails now, not at every episode
     engine_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
     model_dir = Path(tempfile.mkdtemp(prefix="envhub-vllm-policy-")) / "model"
     await asyncio.to_thread(save_model_dir, model, tokenizer, model_dir, engine_dtype)

@@ -68,7 +68,8 @@ class TaskErrors:
         elif trajectory.finish_reason == "error":
             self.engine_errors += 1
             self.engine_in_a_row += 1
-            self.engine_failing_since = self.engine_failing_since or self.clock()
+            if self.engine_failing_since is None:
+                self.engine_failing_since = self.clock()
             self.last_engine_error = str(trajectory.env_info.get("error", "unknown error"))[:2000]
         elif trajectory.finish_reason != "cancelled":
             self.succeeded(trajectory.task)
