@@ -106,9 +106,7 @@ class WatchedEngine(InferenceEngine):
         """Raise EngineDown once an outage outlasted `max_outage_s`, or the inner engine's own fatal error."""
         if self._down is not None:
             raise self._down
-        check = getattr(self.inner, "raise_if_failed", None)
-        if check is not None:
-            check()
+        self.inner.raise_if_failed()
 
     def metrics(self) -> dict[str, float]:
         """Outages, resubmitted calls and seconds spent waiting, for the step's metrics row (empty when none)."""

@@ -199,7 +199,8 @@ class Trainer:
         resuming = saved is not None
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
-        self.engine = build_engine(cfg, model, tokenizer)  # before LoRA wraps the model: engines serve plain weights
+        # before LoRA wraps the model: engines serve plain weights
+        self.engine = await build_engine(cfg, model, tokenizer)
         if cfg.engine.kind != "local":  # a server may die and come back: ride it out, or stop naming it
             self.engine = WatchedEngine(self.engine, cfg.engine.max_outage_s)
             self.engine.start_watch()
@@ -328,8 +329,8 @@ class Trainer:
         """Stop on a task failing again and again, a record file that cannot be written, or an engine gone for good."""
         run.errors.raise_if_failing()
         run.recorder.raise_if_failed()
-        if isinstance(self.engine, WatchedEngine):
-            self.engine.raise_if_failed()
+        if self.engine is not None:
+            self.engine.raise_if_failed()  # a managed server that exited, or an outage past max_outage_s
 
     def _out_of_time(self, run: _Run) -> bool:
         limit = self.config.budget.max_time_s
@@ -366,12 +367,12 @@ class Trainer:
         for g in groups:
             run.recorder.group(g[0].group_id, g[0].task, "trained", run.step)
         try:
-            await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
+            push = await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
         except BaseException:
             run.queue.version = run.step  # the step was taken: its checkpoint says so (nothing more is admitted)
             raise
         await run.queue.set_version(run.step)
-        row = self._row(run, groups, lags, stats, time.monotonic() - step_started)
+        row = self._row(run, groups, lags, stats, time.monotonic() - step_started) | push
         run.metrics.log(run.step, row)
         run.history.append(row)
         if not run.warned_off_policy and (warning := off_policy_warning(run.history, self.config.algorithm.mode)):
