@@ -124,13 +124,17 @@ class Trainer:
         if cfg.kind == "local":
             from envhub.trainer.engines.local import LocalEngine
 
-            engine_dtype = resolve_precision(self.config.model.device, self.config.model.dtype).engine_dtype
+            learner_dtype = resolve_precision(self.config.model.device, self.config.model.dtype).engine_dtype
+            bf16_learner = cfg.dtype == "auto" and learner_dtype == torch.bfloat16
             return LocalEngine(
-                copy.deepcopy(model).to(engine_dtype).eval(),
+                copy.deepcopy(model).eval(),
                 tokenizer,
                 max_batch_size=cfg.max_batch_size,
                 prefix_cache_mb=cfg.prefix_cache_mb,
                 prefill_chunk=cfg.prefill_chunk,
+                dtype=torch.bfloat16 if bf16_learner else cfg.dtype,
+                kv_cache_mb=cfg.kv_cache_mb,
+                cuda_graphs=None if cfg.cuda_graphs else False,
             )
         from envhub.trainer.engines.routing import http_engines
 

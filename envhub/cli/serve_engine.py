@@ -18,7 +18,13 @@ def _cmd_serve_engine(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_bind(args.host, api_key)  # before loading the model: refuse fast
     weights_dirs = args.allow_weights_dir or [default_weights_dir()]
-    engine = LocalEngine.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size)
+    engine = LocalEngine.from_pretrained(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        kv_cache_mb=args.kv_cache_mb,
+    )
     device, dtype = engine.model.device, str(engine.model.dtype).removeprefix("torch.")
     print(
         f"envhub serve-engine: {args.model} on {device} ({dtype}) at http://{args.host}:{args.port}"
@@ -54,6 +60,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when present)")
     p.add_argument("--max-batch-size", type=int, default=64, help="most requests decoded together")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="serving dtype (auto: bf16 on CUDA and on CPUs with bf16 units, else fp32)",
+    )
+    p.add_argument("--kv-cache-mb", type=float, default=2048.0, help="KV cache budget; longer requests are refused")
     p.add_argument(
         "--api-key", default=None, help="require `Authorization: Bearer KEY` (default: $ENVHUB_ENGINE_API_KEY)"
     )

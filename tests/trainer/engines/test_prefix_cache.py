@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.kv_batch import DecodeBatch
+from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.prefix_cache import PrefixCache
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -89,12 +90,20 @@ def test_prefill_mixing_a_reused_prefix_and_a_fresh_row_equals_separate_forward_
     a = tokenizer.encode("The quick brown fox jumps over the lazy dog")
     b = tokenizer.encode("Hi")
     with torch.inference_mode():
-        whole, _ = DecodeBatch.prefill(tiny_model, [a[:6]], 0)
-        past = whole.row_kv(0)
-        _, mixed = DecodeBatch.prefill(tiny_model, [a[6:], b], 0, [past, None])
+        first = KVCache(kv_layout(tiny_model), 1 << 20, max_rows=2, max_tokens=2048)
+        first.reserve(1, 16)
+        first.add_row()
+        ModelRunner(tiny_model, first).prefill(0, [a[:6]], 0)
+        past = first.row_kv(0)
+        cache = KVCache(kv_layout(tiny_model), 1 << 20, max_rows=2, max_tokens=2048)
+        cache.reserve(2, 16)
+        cache.add_row(past)  # a reused prefix: the row continues after it
+        cache.add_row()
+        mixed = ModelRunner(tiny_model, cache).prefill(0, [a[6:], b], 0)
         reference = tiny_model(torch.tensor([a])).logits[0, -1]
         reference_b = tiny_model(torch.tensor([b])).logits[0, -1]
     assert torch.allclose(mixed[0], reference, atol=1e-4) and torch.allclose(mixed[1], reference_b, atol=1e-4)
+    assert cache.lengths == [len(a), len(b)]
 
 
 def _kv(n, dim=4):
