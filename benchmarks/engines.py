@@ -57,7 +57,7 @@ async def build_local(args: argparse.Namespace) -> tuple[InferenceEngine, dict[s
         model,
         tokenizer,
         max_batch_size=max(args.sequences, 1),
-        prefill_chunk=args.prefill_chunk,
+        prefill_chunk=args.prefill_chunk if args.prefill_chunk >= 0 else (8192 if device.type == "cuda" else 512),
         kv_cache_mb=args.kv_cache_mb,
     )
     return engine, {"dtype": str(dtype).removeprefix("torch."), "device": str(device)}
@@ -229,12 +229,15 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--prefill-chunk", type=int, default=-1, help="default: 512 on CPU, 8192 on CUDA")
     parser.add_argument("--kv-cache-mb", type=float, default=4096.0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for the local engine (0: torch's)")
     parser.add_argument("--peak-gbps", type=float, default=0.0, help="memory bandwidth to compare decode with")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the exactness figures")
     parser.add_argument("--out", default="benchmarks/results/engines.json")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     report = asyncio.run(run(args))
     report = {

@@ -27,6 +27,13 @@ from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
 DEFAULT_PYTHON = "/work/vllm-lab/venv/bin/python"
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM it when the benchmark dies (Linux prctl PR_SET_PDEATHSIG), so no server is orphaned."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,7 +68,14 @@ class LabVLLMEngine(InferenceEngine):
         ]  # fmt: skip
         log = Path(tempfile.mkstemp(prefix="envhub-bench-vllm-", suffix=".log")[1])
         with open(log, "wb") as out:
-            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         engine = cls(process, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + 900
         while not await engine.health():

@@ -65,6 +65,7 @@ class KVCache:
         self.generation = 0  # bumped whenever the tensors move (captured graphs must be rebuilt)
         if static:
             tokens = min(max_tokens, max_bytes // ((max_rows + 1) * layout.bytes_per_token))
+            tokens -= tokens % 256 if tokens >= 256 else 0  # whole key-width buckets (aligned for CUDA kernels)
             if tokens < 1:
                 raise EngineError(
                     f"a KV budget of {max_bytes / 2**20:.0f} MiB holds no token for {max_rows} rows",

@@ -58,7 +58,7 @@ def kv_layout(model: Any) -> KVLayout:
 class ModelRunner:
     """Runs prefill and decode steps of a supported model, reading and writing `cache` in place."""
 
-    def __init__(self, model: Any, cache: KVCache) -> None:
+    def __init__(self, model: Any, cache: KVCache, *, expand_gqa: bool | None = None) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise EngineError(
@@ -75,9 +75,10 @@ class ModelRunner:
         self.group = model.config.num_attention_heads // layout.kv_heads
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         self.device = layout.device
-        # CUDA's masked SDPA kernel has no GQA support (it would fall back to expanding K/V): fold query groups
-        # there; on CPU the flash kernel's own GQA path is ~9% faster per decode step than folding
-        self.fold_decode = self.device.type == "cuda"
+        # CUDA's masked SDPA kernel (memory-efficient attention) has no GQA support: without help it falls back to
+        # the math kernel. On CPU the flash kernel's own GQA path is ~9% faster per decode step than folding.
+        # `expand_gqa` picks the CUDA path anywhere (tests run it on CPU).
+        self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.group > 1
 
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
@@ -177,11 +178,14 @@ class ModelRunner:
         values[write_at[0], :, write_at[1]] = v
         width = mask.shape[-1]
         keys, values = keys[rows, :, :width], values[rows, :, :width]
-        if length == 1 and self.fold_decode:  # each KV head's query group as its query axis: no GQA expansion
-            q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-        else:
+        if not self.expand_gqa:  # CPU: the flash kernel reads each KV head once for its query group
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.group > 1
             )
+        elif length == 1:  # decode: each KV head's query group as its query axis, so K/V are read once
+            q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        else:  # prefill: heads expanded for CUDA's masked kernel
+            keys, values = keys.repeat_interleave(self.group, dim=1), values.repeat_interleave(self.group, dim=1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         return attn.o_proj(out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(batch, length, -1))

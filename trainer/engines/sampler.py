@@ -140,7 +140,8 @@ def sample_next(
     else:
         tokens = _shaped_draw(logits, params, generators, output_ids, stop_ids, temperature, sampled)
     chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    return tokens.tolist(), chosen.tolist()
+    packed = torch.stack([tokens.double(), chosen.double()]).tolist()  # one device-to-host copy (ids are exact)
+    return [int(t) for t in packed[0]], packed[1]
 
 
 def _shaped_draw(

@@ -13,12 +13,12 @@ from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 torch = pytest.importorskip("torch")
 
 
-def runner_with_rows(model, prompts, max_rows=8):
+def runner_with_rows(model, prompts, max_rows=8, expand_gqa=None):
     cache = KVCache(kv_layout(model), 1 << 24, max_rows=max_rows, max_tokens=2048)
     cache.reserve(len(prompts), 64)
     for _ in prompts:
         cache.add_row()
-    runner = ModelRunner(model, cache)
+    runner = ModelRunner(model, cache, expand_gqa=expand_gqa)
     return runner, runner.prefill(0, prompts, 0)
 
 
@@ -90,12 +90,12 @@ def test_graphs_need_cuda_and_unsupported_models_are_refused(tiny_model):
     assert "SGLang or vLLM" in error.value.hint
 
 
-def test_folded_query_groups_the_cuda_decode_path_equal_the_gqa_path(tiny_model, tokenizer):
+def test_the_cuda_attention_path_folded_decode_and_expanded_prefill_equals_the_gqa_path(tiny_model, tokenizer):
     prompts = [tokenizer.encode(t) for t in ("Hello there", "What is 7+5?")]
+    assert tiny_model.config.num_attention_heads > tiny_model.config.num_key_value_heads  # GQA is exercised
     with torch.inference_mode():
-        gqa_runner, _ = runner_with_rows(tiny_model, prompts)
-        folded_runner, _ = runner_with_rows(tiny_model, prompts)
-        folded_runner.fold_decode = True
-        assert tiny_model.config.num_attention_heads > tiny_model.config.num_key_value_heads  # GQA is exercised
-        a, b = DecodeStep(gqa_runner)([3, 4]), DecodeStep(folded_runner)([3, 4])
-    assert torch.allclose(a, b, atol=1e-5)
+        gqa_runner, gqa_prefill = runner_with_rows(tiny_model, prompts)
+        cuda_runner, cuda_prefill = runner_with_rows(tiny_model, prompts, expand_gqa=True)
+        assert cuda_runner.expand_gqa and not gqa_runner.expand_gqa
+        a, b = DecodeStep(gqa_runner)([3, 4]), DecodeStep(cuda_runner)([3, 4])
+    assert torch.allclose(gqa_prefill, cuda_prefill, atol=1e-5) and torch.allclose(a, b, atol=1e-5)
