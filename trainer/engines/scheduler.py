@@ -3,10 +3,10 @@
 Live requests own KV cache slots in order: decoding rows first (slots 0..running-1), then the rows being
 prefilled. A request is admitted (given a slot) when the batch has room and the KV budget holds its reservation
 (prompt + max_new_tokens); otherwise it waits, first come first served. A request that could never fit is refused
-by the engine before it queues. Prefill is chunked: a prefill step feeds at most `prefill_chunk` tokens, taken
-from the prefilling rows in order, so only the last row of a step can stay partly prefilled; rows whose whole
-context is in the cache join the decoding rows, whose slots they already follow. While rows decode, prefill steps
-alternate with decode steps.
+by the engine before it queues. Prefill is chunked: a prefill step feeds at most `prefill_chunk` tokens (while no
+row decodes, up to `IDLE_PREFILL_TOKENS`), taken from the prefilling rows in order, so only the last row of a step
+can stay partly prefilled; rows whose whole context is in the cache join the decoding rows, whose slots they
+already follow. While rows decode, prefill steps alternate with decode steps.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import torch
 from envhub.inference import FinishReason, SamplingParams
 from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.prefix_cache import PrefixCache
+
+IDLE_PREFILL_TOKENS = 8192  # a prefill step's tokens while no row decodes
 
 
 @dataclass
@@ -121,8 +123,14 @@ class Scheduler:
         return due
 
     def prefill_plan(self) -> tuple[int, list[list[int]]]:
-        """The first prefilling slot and the token pieces of the next prefill step (at most `prefill_chunk`)."""
-        budget = self.prefill_chunk if self.prefill_chunk > 0 else 1 << 62
+        """The first prefilling slot and the token pieces of the next prefill step: at most `prefill_chunk` tokens
+        while rows decode (they wait for it), at most `IDLE_PREFILL_TOKENS` when none does (nobody waits, and one
+        big step lets every row start decoding together instead of decode steps running at a fraction of the
+        batch between chunks)."""
+        if self.prefill_chunk <= 0:
+            budget = 1 << 62
+        else:
+            budget = self.prefill_chunk if self.running else max(self.prefill_chunk, IDLE_PREFILL_TOKENS)
         first, pieces = len(self.running), []
         for offset, request in enumerate(self.prefilling):
             if budget <= 0:

@@ -122,3 +122,17 @@ def test_prefix_cache_matches_longest_common_prefix_and_evicts_least_recently_us
     assert len(cache) <= 2 and cache.bytes <= cache.max_bytes
     cache.put(list(range(100)), _kv(100))  # larger than the whole budget: not kept
     assert cache.match(list(range(100)))[0] < 99
+
+
+async def test_a_burst_prefills_in_one_step_when_nothing_decodes(tiny_model, tokenizer, greedy_reference):
+    engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
+    burst = [tokenizer.encode(f"Episode {i}: the board shows a box and a wall.") for i in range(3)]
+    assert all(len(p) > 8 for p in burst)
+    try:
+        results = await asyncio.gather(*[engine.generate(p, GREEDY) for p in burst])
+    finally:
+        await engine.close()
+    assert engine.stats.prefill_steps == 1  # nobody was decoding: no reason to chunk
+    assert engine.stats.decode_rows == len(burst) * (GREEDY.max_new_tokens - 1)  # every decode step had all rows
+    for prompt, result in zip(burst, results):
+        assert result.output_ids == greedy_reference(tiny_model, prompt, GREEDY.max_new_tokens)
