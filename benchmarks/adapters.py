@@ -100,10 +100,12 @@ def openenv_pair(seconds: float, rounds: int) -> dict[str, Any]:
     """Sokoban-v0 in process vs the same env behind `envhub serve --protocol openenv` driven by OpenEnvEnv."""
     from aiohttp import web
 
+    from envhub.server.guard import ServerLimits
     from envhub.server.openenv_server import OpenEnvServer
 
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(OpenEnvServer("Sokoban-v0").app())
+    unlimited = ServerLimits(rate_limit=0)  # the protocol's cost, not the default 500 messages/s per client
+    runner = web.AppRunner(OpenEnvServer("Sokoban-v0", limits=unlimited).app())
 
     async def start() -> int:
         await runner.setup()

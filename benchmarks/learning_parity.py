@@ -142,7 +142,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return summary
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line, with the seeds parsed into `args.seed_list`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/ci-tiny.yaml")
     parser.add_argument("--steps", type=int, default=16)
@@ -166,11 +167,51 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/learning_parity.json")
     args = parser.parse_args()
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
-    if not seeds:
+    if not args.seed_list:
         parser.error("--seeds: give at least one seed")
+    return args
+
+
+def run_all(configs: dict, seeds: list[int], header: dict[str, Any], path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Train every (mode, seed); the JSON is rewritten after each run, so an interrupted benchmark keeps its runs."""
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="envhub-parity-") as tmp:
+        for seed in seeds:
+            for mode in MODES:
+                run = asyncio.run(train_mode(configs[mode, seed], Path(tmp) / f"{mode}-{seed}"))
+                runs[mode].append(run)
+                path.write_text(json.dumps({**header, "complete": False, "runs": runs}, indent=2))
+                print(
+                    f"seed {seed} {mode:<5} steps {run['steps']:>3}  eval {run['eval_before']:.3f} -> "
+                    f"{run['eval_after']:.3f}"
+                    f"  last batch {run['last_batch_reward'] or 0:.3f}  wall {run['wall_s']:.1f} s"
+                    f"  staleness {run['mean_staleness']:.2f}",
+                    flush=True,
+                )
+    return runs
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Each mode's final evaluation and the paired difference."""
+    for mode in MODES:
+        row = summary[mode]
+        print(
+            f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds)"
+            f"   wall {row['wall_s_mean']:.1f} s"
+        )
+    print(
+        f"async - sync final eval: {summary['after_async_minus_sync']:+.3f} ± "
+        f"{summary['after_async_minus_sync_se']:.3f}"
+        f"   wall async/sync: {summary['wall_async_over_sync']:.2f}x"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    seeds = args.seed_list
     configs = {
         (mode, seed): build_config(
             args.config,
@@ -187,7 +228,6 @@ def main() -> None:
     }  # every config is validated before the first run starts
     load = os.getloadavg()[0]
     started = time.monotonic()
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = {
@@ -204,36 +244,13 @@ def main() -> None:
         "load_avg_1m": load,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
-    with tempfile.TemporaryDirectory(prefix="envhub-parity-") as tmp:
-        for seed in seeds:
-            for mode in MODES:
-                run = asyncio.run(train_mode(configs[mode, seed], Path(tmp) / f"{mode}-{seed}"))
-                runs[mode].append(run)
-                # written after every run: an interrupted benchmark keeps what it measured
-                path.write_text(json.dumps({**header, "complete": False, "runs": runs}, indent=2))
-                print(
-                    f"seed {seed} {mode:<5} steps {run['steps']:>3}  eval {run['eval_before']:.3f} -> "
-                    f"{run['eval_after']:.3f}"
-                    f"  last batch {run['last_batch_reward'] or 0:.3f}  wall {run['wall_s']:.1f} s"
-                    f"  staleness {run['mean_staleness']:.2f}",
-                    flush=True,
-                )
+    runs = run_all(configs, seeds, header, path)
     summary = summarise(runs)
     print(
         f"\nconfig={args.config} {' '.join(args.overrides)} steps={args.steps} seeds={seeds} "
         f"eval episodes/task={args.eval_episodes} T={args.temperature} load={load:.1f}"
     )
-    for mode in MODES:
-        row = summary[mode]
-        print(
-            f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds)"
-            f"   wall {row['wall_s_mean']:.1f} s"
-        )
-    print(
-        f"async - sync final eval: {summary['after_async_minus_sync']:+.3f} ± "
-        f"{summary['after_async_minus_sync_se']:.3f}"
-        f"   wall async/sync: {summary['wall_async_over_sync']:.2f}x"
-    )
+    print_summary(summary)
     out = {**header, "complete": True, "total_wall_s": round(time.monotonic() - started, 1), "runs": runs, **summary}
     path.write_text(json.dumps(out, indent=2))
     print(f"wrote {path}")

@@ -159,7 +159,7 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
             task = config.tasks[0]
             started = time.perf_counter()
             groups = await asyncio.gather(
-                *[source.run_group(task, seed, f"s{n}-{seed}") for seed in range(episodes // 4)]
+                *[source.play_group(task, seed, f"s{n}-{seed}") for seed in range(episodes // 4)]
             )
             elapsed = time.perf_counter() - started
             done = sum(len(g or []) for g in groups)

@@ -89,6 +89,8 @@ class EvalConfig:
     opponent: Any = "random"  # multi-agent games: random | expert | scripted | an AgentFactory
     seats: tuple[int, ...] = (0, 1)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: env builders by id (e.g. a trainer's tasks with their kwargs, or remote envs); other ids: `envhub.make`
+    env_factories: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -179,16 +181,19 @@ def episode_keys(env_ids: Sequence[str], seeds: Sequence[int], samples: int, con
 
     keys = []
     for env_id in env_ids:
-        seats: tuple[int | None, ...] = config.seats if spec(env_id).multiagent else (None,)
+        multiagent = env_id not in config.env_factories and spec(env_id).multiagent
+        seats: tuple[int | None, ...] = config.seats if multiagent else (None,)
         keys += [EpisodeKey(env_id, s, a, seat) for s in seeds for seat in seats for a in range(samples)]
     return keys
 
 
 def make_env(key: EpisodeKey, config: EvalConfig) -> Any:
-    """A fresh env for `key`: `envhub.make`, or a SelfPlay seat of a multi-agent turn game."""
+    """A fresh env for `key`: its factory, `envhub.make`, or a SelfPlay seat of a multi-agent turn game."""
     from envhub.registry import make, spec
     from envhub.selfplay import SelfPlay
 
+    if key.env_id in config.env_factories:
+        return config.env_factories[key.env_id]()
     if not spec(key.env_id).multiagent:
         return make(key.env_id, **config.env_kwargs)
     opponent: Any = OPPONENT_NAMES.get(config.opponent) if isinstance(config.opponent, str) else None
@@ -362,7 +367,8 @@ def _check_envs(env_ids: Sequence[str], config: EvalConfig) -> None:
     from envhub.registry import spec
 
     for env_id in env_ids:
-        spec(env_id)  # an unknown id raises EnvNotFound with suggestions
+        if env_id not in config.env_factories:
+            spec(env_id)  # an unknown id raises EnvNotFound with suggestions
     if isinstance(config.opponent, str) and config.opponent not in OPPONENT_NAMES:
         raise ConfigError(f"unknown opponent {config.opponent!r}", hint="use random, expert, scripted or an agent spec")
 

@@ -13,7 +13,7 @@ TOKEN_ENV = "ENVHUB_TOKEN"  # the bearer token of `envhub serve`, read by the se
 
 # The env server's routes (envhub.server.env_server), apart from it so that `envhub --help` does not import aiohttp.
 ENDPOINTS = (
-    ("GET", "/health", "", '{"status": "ok", "sessions", "max_sessions"} (no token needed)'),
+    ("GET", "/health", "", '{"status": "ok", "sessions", "max_sessions", "reaped", "timed_out"} (no token needed)'),
     ("GET", "/envs", "", "[{id, tags, description, multiagent, max_episode_steps}] of the served envs"),
     ("GET", "/envs/{env_id}", "", "one of the above"),
     (

@@ -20,20 +20,22 @@ pytest_plugins = ["envhub.sandboxes.testing"]  # shared sandbox pool fixtures
 
 @dataclass
 class RunningServer:
-    """An `EnvServer` serving on a background thread's event loop."""
+    """An env server (`EnvServer` or `OpenEnvServer`) serving on a background thread's event loop."""
 
     url: str
     server: object
     loop: asyncio.AbstractEventLoop
 
 
-def start_server(**limits) -> tuple[RunningServer, callable]:
-    """Start an EnvServer on 127.0.0.1 (port chosen by the OS); returns it and a stop function."""
+def start_server(protocol: str = "envhub", **limits) -> tuple[RunningServer, callable]:
+    """Start an EnvServer (or, for protocol "openenv", an OpenEnvServer: pass env_id) on 127.0.0.1 (port chosen by
+    the OS); returns it and a stop function."""
     from aiohttp import web
 
     from envhub.server.env_server import EnvServer
+    from envhub.server.openenv_server import OpenEnvServer
 
-    server = EnvServer(**limits)
+    server = OpenEnvServer(**limits) if protocol == "openenv" else EnvServer(**limits)
     loop = asyncio.new_event_loop()
     started = threading.Event()
     holder = {}

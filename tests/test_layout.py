@@ -1,5 +1,5 @@
 """The layout's promises, read from the code's own imports: no import cycle among envhub's modules, and
-dependencies that point one way (core <- envs <- agents/eval <- trainer; servers and the CLI on top)."""
+dependencies that point one way (core <- envs <- agents/eval <- servers <- integrations <- trainer <- CLI)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ FOLDERS = {
 LAYERS = [
     ("cli", ("envhub.cli",)),
     ("trainer", ("envhub.trainer",)),
+    ("integrations", ("envhub.integrations",)),  # envhub envs in TRL, verl and SkyRL: above every env, below the CLI
     ("server", ("envhub.server",)),
     ("agents/eval", ("envhub.agents", "envhub.eval")),
     ("envs", ("envhub.envs",)),
     ("core", ("envhub",)),  # the core API, sandboxes included (envs run in them)
 ]
+# Functions may not pass this many lines; literal data tables are the exception (named here, with the reason).
+MAX_FUNCTION_LINES = 80
+DATA_TABLES = {"envhub.envs.register_builtin_envs"}  # one register() call per bundled env
 # Modules every env may build on; otherwise an env imports only its own package.
 SHARED_ENV_MODULES = ("envhub.envs.directions", "envhub.envs.games.base", "envhub.envs.adapters.family")
 
@@ -137,3 +141,21 @@ def test_servers_do_not_import_the_client(graph):
         if b in ("envhub.remote", "envhub.envs.adapters.openenv")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_functions_stay_short():
+    files = {name: path for name, path in modules().items()}
+    files |= {f"benchmarks.{p.stem}": p for p in (ROOT / "benchmarks").glob("*.py")}
+    long = []
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and f"{name}.{node.name}" not in DATA_TABLES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(long)
+
+
+def test_every_module_says_its_job():
+    missing = [str(p.relative_to(ROOT)) for p in modules().values() if not ast.get_docstring(ast.parse(p.read_text()))]
+    assert not missing, f"modules without a docstring naming their job: {missing}"

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 
 from envhub.errors import ConfigError
+from envhub.user_modules import resolve_target
 
 
 @dataclass
@@ -88,6 +89,19 @@ class RolloutConfig:
 
 
 @dataclass
+class ISCorrectionConfig:
+    """Train-inference importance correction: a detached weight from pi_prox / mu (docs/trainer.md)."""
+
+    level: Literal["none", "token", "sequence", "geometric"] = (
+        "none"  #: per token, product over the sequence, or its geometric mean (exp of the mean log-ratio); none = off
+    )
+    cap: float = 2.0  #: truncate the weight at this value (verl's rollout_is_threshold; 0 = no truncation)
+    mask_low: float = 0.0  #: drop tokens (token level) or sequences whose weight is below this (0 = no lower mask)
+    mask_high: float = 0.0  #: drop tokens or sequences whose weight is above this, before truncation (0 = off)
+    apply_weight: bool = True  #: multiply the loss by the weight; false = only mask (the variant keeps mu as anchor)
+
+
+@dataclass
 class AlgorithmConfig:
     """GRPO and optimiser settings."""
 
@@ -102,7 +116,17 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
     max_staleness: int = 1  #: policy versions a group may lag behind the learner (async mode)
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
-    tis_cap: float = 2.0  #: truncation of importance weights for corrected stale samples
+    tis_cap: float = 2.0  #: truncation C of pi_prox / mu and pi / mu weights: variant tis, decoupled, stale: correct
+    pg_variant: Literal["ppo", "tis", "cispo", "topr", "decoupled"] = (
+        "ppo"  #: policy-gradient loss (docs/trainer.md, "Policy-gradient variants")
+    )
+    cispo_eps_low: float = 0.1  #: CISPO: importance weight clipped below at 1 - eps_low (>= 1: no lower bound)
+    cispo_eps_high: float = 0.1  #: CISPO: importance weight clipped above at 1 + eps_high
+    topr_positive_weight: float = 1.0  #: TOPR: scale of tokens with a positive advantage (plain REINFORCE)
+    topr_negative_weight: float = 1.0  #: TOPR: scale of tokens with advantage <= 0 (ratio truncated to [0, 1])
+    is_correction: ISCorrectionConfig = field(
+        default_factory=ISCorrectionConfig
+    )  #: train-inference importance weight / mask, composable with any pg_variant
     filter_zero_variance: bool = True  #: skip groups whose rewards are all equal
     max_filtered_in_a_row: int = 64  #: stop (converged) after this many zero-variance groups in a row
     micro_batch_size: int = 8  #: most sequences per forward/backward pass (0 = only the token budget limits)
@@ -116,6 +140,27 @@ class AlgorithmConfig:
     )
     max_reward: float = 1.0  #: reward of a solved episode: groups all at it count towards "converged"
     max_initial_kl: float = 0.05  #: stop when the first step's KL(behaviour || learner) exceeds this (0 = no check)
+
+    def validate(self) -> None:
+        """Raise ConfigError for policy-gradient constants that cannot work."""
+        for name in ("clip_low", "clip_high", "cispo_eps_low", "cispo_eps_high"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.tis_cap > 0:
+            raise ConfigError(f"algorithm.tis_cap must be positive, got {self.tis_cap}", hint="Yao et al. use 2.0")
+        for name in ("topr_positive_weight", "topr_negative_weight"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}", hint="TOPR uses 1.0")
+        spec = self.is_correction
+        for name in ("cap", "mask_low", "mask_high"):
+            if getattr(spec, name) < 0:
+                raise ConfigError(f"algorithm.is_correction.{name} must be >= 0 (0 = off), got {getattr(spec, name)}")
+        if spec.mask_high and spec.mask_low >= spec.mask_high:
+            raise ConfigError(
+                f"algorithm.is_correction keeps weights in [mask_low, mask_high] = [{spec.mask_low}, {spec.mask_high}]"
+                ", which is empty",
+                hint="e.g. mask_low: 0.5, mask_high: 2.0 (verl's sequence rejection)",
+            )
 
 
 @dataclass
@@ -180,6 +225,9 @@ class TrainConfig:
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0  #: seeds task sampling, env seeds and the model init
     out_dir: str = "runs/train"  #: checkpoints, metrics.jsonl, TensorBoard logs and reward PNG
+    #: modules or .py files (relative to the config file) that register the tasks' envs; imported before the run
+    #: and by every Ray env worker (like `envhub train --import`)
+    imports: list[str] = field(default_factory=list)
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values that cannot work together."""
@@ -194,6 +242,7 @@ class TrainConfig:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
         if self.algorithm.mode == "async" and self.algorithm.max_staleness < 0:
             raise ConfigError("algorithm.max_staleness must be >= 0")
+        self.algorithm.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
@@ -224,7 +273,11 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+            raise ConfigError(
+                f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}",
+                hint=f"did you mean {close[0]!r}?" if close else "",
+            )
         return value
     if hint is bool:
         if not isinstance(value, bool):
@@ -281,7 +334,9 @@ def load_config(path: str | Path) -> TrainConfig:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    return config_from_dict(data or {})
+    config = config_from_dict(data or {})
+    config.imports = [resolve_target(t, base=path.parent) for t in config.imports]
+    return config
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:

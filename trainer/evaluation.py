@@ -1,15 +1,13 @@
-"""Greedy evaluation of a policy on fixed held-out seeds per task, before and after training (RUN_DIR/eval.json).
+"""The trainer's before/after evaluation: the policy on fixed held-out seeds of every task, in RUN_DIR/eval.json.
 
-The same rollout code as training plays the episodes (RolloutWorker, temperature 0) on a LocalEngine over the
-policy being evaluated, so an evaluated episode is a training episode without sampling noise.
-
-MERGE NOTE (lead): when `envhub.agents.EngineAgent` / `envhub eval` land, this can call them instead.
+It is `envhub eval` itself (`envhub.eval.evaluate`) with an `EngineAgent` over a `LocalEngine` serving the policy,
+greedy by default, so an evaluated episode is laid out token for token as a training episode and `envhub eval` on
+the exported checkpoint reproduces the numbers. Each label's episodes are in RUN_DIR/eval-LABEL/ (`envhub view` reads
+them).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import math
 import shutil
@@ -17,10 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envhub.eval import EpisodeRecord, EvalConfig, evaluate
 from envhub.trainer.config import TrainConfig
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    """Mean and its standard error (0 for fewer than two values)."""
     if not values:
         return 0.0, 0.0
     mean = sum(values) / len(values)
@@ -33,13 +33,13 @@ def _mean_se(values: list[float]) -> tuple[float, float]:
 async def evaluate_policy(
     model: Any, tokenizer: Any, config: TrainConfig, record_dir: Path | None = None
 ) -> dict[str, list[float]]:
-    """Rewards of greedy (or evaluation.temperature) episodes on seeds evaluation.seed .. +episodes-1 of every task."""
+    """Rewards of evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task, errors left out."""
+    from envhub.agents.engine import EngineAgent
+    from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
-    from envhub.trainer.rollout import RolloutWorker
     from envhub.trainer.tasks import env_factory
 
-    ev = config.evaluation
-    rollout = dataclasses.replace(config.rollout, temperature=ev.temperature, top_p=1.0)
+    ev, rollout = config.evaluation, config.rollout
     engine = LocalEngine(
         model,
         tokenizer,
@@ -47,26 +47,38 @@ async def evaluate_policy(
         prefix_cache_mb=config.engine.prefix_cache_mb,
         prefill_chunk=config.engine.prefill_chunk,
     )
-    worker = RolloutWorker(engine, tokenizer, rollout)
-    recorder = None
-    if record_dir is not None:  # the evaluated episodes, turn by turn (`envhub view RUN_DIR/eval-LABEL`)
-        from envhub.trainer.records import EpisodeRecorder
+    sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=ev.temperature, top_p=1.0)
 
+    def agents() -> EngineAgent:  # one agent per episode, all batched on the same engine
+        return EngineAgent(engine, tokenizer, sampling, max_total_tokens=rollout.max_total_tokens)
+
+    eval_config = EvalConfig(
+        max_turns=rollout.max_turns,
+        episode_timeout_s=rollout.episode_timeout_s,
+        env_factories={task.env: env_factory(task) for task in config.tasks},
+    )
+    rewards: dict[str, list[float]] = {task.env: [] for task in config.tasks}
+
+    def keep(record: EpisodeRecord) -> None:
+        if not record.error_kind:
+            rewards[record.env_id].append(record.reward)
+
+    if record_dir is not None:
         shutil.rmtree(record_dir, ignore_errors=True)
-        recorder = EpisodeRecorder(record_dir)
-        worker.on_episode = lambda trajectory: recorder.episode(trajectory, 0)
-    jobs = [(task, ev.seed + i) for task in config.tasks for i in range(ev.episodes)]
     try:
-        trajectories = await asyncio.gather(
-            *[worker.run_episode(env_factory(task), task.env, seed, "eval") for task, seed in jobs]
+        await evaluate(
+            [task.env for task in config.tasks],
+            agents,
+            episodes=ev.episodes,
+            seeds=ev.seed,
+            concurrency=max(1, ev.episodes * len(config.tasks)),
+            out_dir=record_dir,
+            config=eval_config,
+            agent_name="policy",
+            on_episode=keep,
         )
     finally:
         await engine.close()
-        if recorder is not None:
-            recorder.close(0)
-    rewards: dict[str, list[float]] = {task.env: [] for task in config.tasks}
-    for trajectory in trajectories:
-        rewards[trajectory.task].append(trajectory.reward)
     return rewards
 
 
@@ -83,7 +95,8 @@ class BeforeAfter:
         was_training = model.training
         model.eval()
         started = time.monotonic()
-        self.results[label] = await evaluate_policy(model, tokenizer, self.config, self.path.parent / f"eval-{label}")
+        record_dir = self.path.parent / f"eval-{label}"
+        self.results[label] = await evaluate_policy(model, tokenizer, self.config, record_dir)
         model.train(was_training)
         self.write()
         means = ", ".join(f"{task} {sum(r) / len(r):.3f}" for task, r in self.results[label].items() if r)
@@ -96,13 +109,13 @@ class BeforeAfter:
         for task in (t.env for t in self.config.tasks):
             row: dict[str, Any] = {"episodes": self.config.evaluation.episodes}
             for label in labels:
-                row[label], row[f"{label}_se"] = _mean_se(self.results[label].get(task, []))
+                row[label], row[f"{label}_se"] = mean_and_se(self.results[label].get(task, []))
             out[task] = row
         overall: dict[str, Any] = {"episodes": self.config.evaluation.episodes * len(self.config.tasks)}
         for label in labels:
             per_task = [out[t][label] for t in out]
             overall[label] = sum(per_task) / len(per_task) if per_task else 0.0
-            overall[f"{label}_se"] = _mean_se([r for rs in self.results[label].values() for r in rs])[1]
+            overall[f"{label}_se"] = mean_and_se([r for rs in self.results[label].values() for r in rs])[1]
         out["overall"] = overall
         return out
 

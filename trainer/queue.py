@@ -1,13 +1,12 @@
-"""TrajectoryQueue: finished GRPO groups between rollouts and the learner, with a staleness bound.
+"""TrajectoryQueue: finished GRPO groups between rollouts and the learner, within the staleness bound.
 
-Admission control keeps async training within `max_staleness`: a producer may start a group only while
-started-and-not-discarded groups stay below (learner_version + max_staleness + 1) * groups_per_step.
-With max_staleness = 0 this is synchronous training: rollouts for version v+1 cannot start before the
-learner has published v+1. Staleness is per token: a group is dropped only when every model token is
-older than the bound; otherwise the learner drops (or importance-corrects) just its old tokens, so a long
-multi-turn episode is not discarded for its length. Episodes cut by the wall-time watchdog leave their
-group (their 0 reward says the env was slow, not that the policy failed); groups whose rewards agree
-within a tolerance carry no GRPO signal and are filtered. Every such decision is counted.
+Admission control keeps async training within the `Staleness` rule (`envhub.trainer.staleness`): a producer may
+start a group only while started-and-not-discarded groups stay below (learner_version + max_staleness + 1) *
+groups_per_step. With max_staleness = 0 this is synchronous training: rollouts for version v+1 cannot start before
+the learner has published v+1. A finished group none of whose tokens the learner could use is dropped; the learner
+weighs the tokens of the others. Episodes cut by the wall-time watchdog leave their group (their 0 reward says the
+env was slow, not that the policy failed); groups whose rewards agree within a tolerance carry no GRPO signal and are
+filtered. Every such decision is counted.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Literal
 
+from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
 Group = list[Trajectory]
@@ -48,15 +47,13 @@ class TrajectoryQueue:
     def __init__(
         self,
         groups_per_step: int,
-        max_staleness: int,
-        stale: Literal["drop", "correct"] = "drop",
+        staleness: Staleness | None = None,
         filter_zero_variance: bool = True,
         zero_variance_tol: float = 1e-6,
         max_reward: float = 1.0,
     ) -> None:
         self.groups_per_step = groups_per_step
-        self.max_staleness = max_staleness
-        self.stale = stale
+        self.staleness = staleness or Staleness()
         self.filter_zero_variance = filter_zero_variance
         self.zero_variance_tol = zero_variance_tol
         self.max_reward = max_reward
@@ -64,6 +61,9 @@ class TrajectoryQueue:
         self.counters = QueueCounters()
         self.solved_in_a_row = 0  # zero-variance groups at max_reward since the last group with signal
         self.stuck_in_a_row = 0  # zero-variance groups below max_reward (e.g. every episode fails)
+        self.collapsed_in_a_row = 0  # the latest of those in a row whose episodes all played the same tokens
+        self.first_rewards: list[float] = []  # mean reward of the first groups_per_step groups, for stop messages
+        self.last_reward = 0.0  # mean reward of the latest group
         self._ready: deque[Group] = deque()
         self._discarded = 0
         self._changed = asyncio.Condition()
@@ -71,7 +71,7 @@ class TrajectoryQueue:
 
     def capacity(self) -> int:
         """How many groups may have been started (minus those discarded) at the current version."""
-        return (self.version + self.max_staleness + 1) * self.groups_per_step
+        return self.staleness.capacity(self.version, self.groups_per_step)
 
     async def admit(self) -> None:
         """Wait until one more group may start without breaking the staleness bound."""
@@ -94,14 +94,32 @@ class TrajectoryQueue:
             return (
                 f"converged: the last {self.solved_in_a_row} groups all reached the maximum reward {self.max_reward:g}"
             )
-        if self.stuck_in_a_row >= limit:
+        if self.stuck_in_a_row < limit:
+            return None
+        history = f"reward {self.start_reward:.2f} -> {self.last_reward:.2f}"
+        if self.collapsed_in_a_row >= limit:
             return (
-                f"no learning signal: in each of the last {self.stuck_in_a_row} groups every episode got the same "
-                f"reward below "
-                f"the maximum {self.max_reward:g} (e.g. every episode fails); check the env, the prompt or "
-                f"max_new_tokens"
+                f"collapsed to one reply; {history}: in each of the last {self.collapsed_in_a_row} groups every "
+                f"episode played the same tokens, so no group has a learning signal left; lower algorithm.lr or "
+                f"raise rollout.temperature to keep the replies varied"
             )
-        return None
+        collapsed = self.collapsed_in_a_row
+        example = f"the last {collapsed} of them one reply throughout" if collapsed else "e.g. every episode fails"
+        return (
+            f"no learning signal; {history}: in each of the last {self.stuck_in_a_row} groups every episode got the "
+            f"same reward below the maximum {self.max_reward:g} ({example}); check the env, the prompt or "
+            f"max_new_tokens"
+        )
+
+    @property
+    def start_reward(self) -> float:
+        """Mean reward of the first groups (the start of the reward history in stop messages)."""
+        return sum(self.first_rewards) / len(self.first_rewards) if self.first_rewards else 0.0
+
+    def _note_rewards(self, group: Group) -> None:
+        self.last_reward = sum(t.reward for t in group) / len(group)
+        if len(self.first_rewards) < self.groups_per_step:
+            self.first_rewards.append(self.last_reward)
 
     async def put(self, group: Group | None) -> str:
         """Offer a finished group (None for a group whose episodes failed; timed-out episodes leave it).
@@ -120,61 +138,49 @@ class TrajectoryQueue:
                 self.counters.failed += 1
                 await self._discard()
                 return "failed"
+            self._note_rewards(group)
             if (
                 self.filter_zero_variance
                 and max(t.reward for t in group) - min(t.reward for t in group) <= self.zero_variance_tol
             ):
                 self.counters.filtered_zero_variance += 1
                 if group[0].reward >= self.max_reward - self.zero_variance_tol:
-                    self.solved_in_a_row, self.stuck_in_a_row = self.solved_in_a_row + 1, 0
+                    self.solved_in_a_row, self.stuck_in_a_row, self.collapsed_in_a_row = self.solved_in_a_row + 1, 0, 0
                 else:
                     self.solved_in_a_row, self.stuck_in_a_row = 0, self.stuck_in_a_row + 1
+                    one_reply = len({tuple(t.input_ids) for t in group}) == 1
+                    self.collapsed_in_a_row = self.collapsed_in_a_row + 1 if one_reply else 0
                 await self._discard()
                 return "filtered"
             self.counters.accepted += 1
-            self.solved_in_a_row = self.stuck_in_a_row = 0
+            self.solved_in_a_row = self.stuck_in_a_row = self.collapsed_in_a_row = 0
             self._ready.append(group)
             self._changed.notify_all()
             return "accepted"
 
-    def staleness(self, group: Group) -> int:
+    def lag(self, group: Group) -> int:
         """Learner version minus the oldest policy version that produced a token of `group`."""
-        oldest = min((t.oldest_version for t in group if t.oldest_version >= 0), default=self.version)
-        return self.version - oldest
+        return Staleness.lag(group, self.version)
 
-    def min_version(self) -> int:
-        """The oldest policy version whose tokens are still within the staleness bound."""
-        return self.version - self.max_staleness
-
-    def _newest_version(self, group: Group) -> int:
-        return max((v for t in group for v, m in zip(t.versions, t.loss_mask) if m), default=self.version)
-
-    async def get_batch(self, n_groups: int | None = None) -> tuple[list[Group], bool]:
-        """Wait for `n_groups` usable groups; returns them and whether any holds tokens beyond the bound.
-
-        A group is dropped (`stale: drop`) only when all its model tokens are too old; the learner handles
-        the old tokens of the others (masked in drop mode, importance-corrected in correct mode).
-        """
+    async def get_batch(self, n_groups: int | None = None) -> list[Group]:
+        """Wait for `n_groups` groups the learner can use; a group with no token within the bound is dropped."""
         n_groups = n_groups or self.groups_per_step
         batch: list[Group] = []
-        corrected = False
         async with self._changed:
             while len(batch) < n_groups:
                 await self._changed.wait_for(lambda: bool(self._ready))
                 group = self._ready.popleft()
-                if self.staleness(group) > self.max_staleness:
-                    if self.stale == "drop" and self._newest_version(group) < self.min_version():
-                        self.counters.dropped_stale += 1
-                        await self._discard()
-                        if self.on_dropped is not None:
-                            self.on_dropped(group)
-                        continue
-                    if self.stale == "correct":
-                        self.counters.corrected_stale += 1
-                        corrected = True
+                if not self.staleness.usable(group, self.version):
+                    self.counters.dropped_stale += 1
+                    await self._discard()
+                    if self.on_dropped is not None:
+                        self.on_dropped(group)
+                    continue
+                if self.staleness.mode == "correct" and self.lag(group) > self.staleness.max_staleness:
+                    self.counters.corrected_stale += 1  # the learner importance-corrects its stale tokens
                 batch.append(group)
             self.counters.consumed += len(batch)
-        return batch, corrected
+        return batch
 
     async def set_version(self, version: int) -> None:
         """The learner published `version`: admit the rollouts it allows."""

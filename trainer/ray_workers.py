@@ -1,6 +1,6 @@
 """Rollouts on Ray: `EnvWorker` actors play episodes on CPU nodes against an engine reachable over HTTP.
 
-The driver (the learner's process) keeps the queue and the train loop. `RayRolloutSource.run_group`
+The driver (the learner's process) keeps the queue and the train loop. `RayRolloutSource.play_group`
 sends each episode of a group to the least-loaded `EnvWorker`; an actor runs many episodes at once as
 asyncio tasks, each with its own env, and returns finished `Trajectory` objects. When an actor dies
 (`RayActorError`), the driver starts a new one in its slot and resubmits the episodes that were running
@@ -21,8 +21,9 @@ import envhub
 from envhub.errors import EngineError
 from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
 from envhub.trainer.engines.routing import http_engines
-from envhub.trainer.rollout import first_finished
+from envhub.trainer.rollout_sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
+from envhub.user_modules import load_user_modules
 
 
 @dataclass
@@ -65,11 +66,13 @@ class EnvWorker:
         rollout: RolloutConfig,
         entry_points: dict[str, str],
         api_key: str | None = None,
+        imports: tuple[str, ...] = (),
     ) -> None:
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
 
+        load_user_modules(imports, option="imports:")  # the driver's --import / imports: list, in the same order
         known = {s.id for s in envhub.list_envs()}
         for env_id, entry in entry_points.items():
             if env_id not in known:
@@ -80,9 +83,9 @@ class EnvWorker:
         self.factories: dict[str, Any] = {}
 
     async def run_episode(self, task: TaskConfig, seed: int, group_id: str) -> Trajectory:
-        """Play one episode of `task` to its end."""
+        """Play one episode of `task` to its end; an error ends it as an "error" trajectory (never raised)."""
         if task.env not in self.factories:
-            self.factories[task.env] = self._env_factory(task)
+            self.factories[task.env] = lambda: self._env_factory(task)()  # an unknown id fails at build, counted
         return await self.worker.run_episode(self.factories[task.env], task.env, seed, group_id)
 
     async def pid(self) -> int:
@@ -109,13 +112,21 @@ class RayRolloutSource:
         self._server = server
         self._owns_ray = owns_ray
         api_key = getattr(server, "api_key", None) or config.engine.api_key or None
-        self._args = (engine_urls, config.model.name, config.rollout, _portable_entry_points(config.tasks), api_key)
+        self._args = (
+            engine_urls,
+            config.model.name,
+            config.rollout,
+            _portable_entry_points(config.tasks),
+            api_key,
+            tuple(config.imports),
+        )
         self._actor_cls = ray.remote(EnvWorker)
         self.actors = [self._new_actor() for _ in range(options.workers)]
         self.load = [0] * options.workers
         self._slots = asyncio.Semaphore(options.workers * options.episodes_per_worker)
         self.episodes_finished = 0
         self.episodes_retried = 0
+        self.on_episode: EpisodeCallback | None = None  # sees every episode an actor returns
         self.actors_restarted = 0
 
     @classmethod
@@ -180,6 +191,8 @@ class RayRolloutSource:
                 try:
                     traj = await ref
                     self.episodes_finished += 1
+                    if self.on_episode is not None:
+                        self.on_episode(traj)
                     return traj
                 except asyncio.CancelledError:
                     self.ray.cancel(ref)
@@ -199,12 +212,11 @@ class RayRolloutSource:
             f"episode of {task.env} (seed {seed}) failed on {self.options.max_episode_retries + 1} env workers in a row"
         )
 
-    async def run_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
+    async def play_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
         """group_size + redundancy episodes of one seed on the actors; the first group_size to finish are kept."""
-        episodes = [
-            self._episode(task, seed, group_id) for _ in range(self.rollout.group_size + self.rollout.redundancy)
-        ]
-        return await first_finished(episodes, self.rollout.group_size)
+        size = self.rollout.group_size
+        episodes = [self._episode(task, seed, group_id) for _ in range(size + self.rollout.redundancy)]
+        return await keep_first_finished(episodes, size)
 
     async def close(self) -> None:
         """Stop the actors, the engine server and (if this source started it) Ray."""

@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,18 +74,7 @@ class EpisodeRecorder:
         self.model_tokens = 0
         self.started = time.monotonic()
         self._pending: dict[str, str] = {}  # group id -> task, for groups whose outcome is not known yet
-        self._attached = False
         self._file = self.path.open("a", encoding="utf-8")
-
-    def attach(self, rollouts: Any, version: Any) -> None:
-        """Record episodes as they end (cancelled ones too) when the rollout source plays them in-process.
-
-        `version` is a zero-argument callable giving the learner step at that moment.
-        """
-        worker = getattr(rollouts, "worker", None)
-        if worker is not None and hasattr(worker, "on_episode"):
-            worker.on_episode = lambda trajectory: self.episode(trajectory, version())
-            self._attached = True
 
     def episode(self, trajectory: Trajectory, step: int) -> None:
         """Append one finished episode."""
@@ -125,11 +113,8 @@ class EpisodeRecorder:
         self.episodes_done += 1
         self.model_tokens += t.num_model_tokens
 
-    def group(self, group_id: str, task: str, outcome: str, step: int, trajectories: Iterable[Trajectory] = ()) -> None:
-        """Record what became of a group; episodes not seen yet (played out of process) are written first."""
-        if not self._attached:
-            for trajectory in trajectories:
-                self.episode(trajectory, step)
+    def group(self, group_id: str, task: str, outcome: str, step: int) -> None:
+        """Record what became of a group (its episodes were recorded as they ended)."""
         self._pending.pop(group_id, None)
         self._write(
             {"kind": "group", "group_id": group_id, "task": task, "outcome": outcome, "step": step, "time": time.time()}
@@ -215,7 +200,11 @@ def episode_files(run_dir: str | Path) -> list[Path]:
 
 
 def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every recorded episode of a run, each with `group_outcome` (None while its group was undecided)."""
+    """Every recorded episode of a run, each with `group_outcome` (None while its group was undecided).
+
+    Reads a training run's record and `envhub eval --out DIR` records alike (the latter as episodes of outcome
+    "evaluated"), so `envhub view` shows both.
+    """
     episodes: list[dict[str, Any]] = []
     outcomes: dict[str, str] = {}
     for path in episode_files(run_dir):
@@ -229,8 +218,46 @@ def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
                     outcomes[record["group_id"]] = record["outcome"]
                 elif record.get("kind") == "episode":
                     episodes.append(record)
+                elif "env_id" in record and "kind" not in record:
+                    episodes.append(from_eval_record(record))
+                    outcomes[episodes[-1]["group_id"]] = "evaluated"
     for record in episodes:
-        record["group_outcome"] = (
-            "cancelled" if record["finish_reason"] == "cancelled" else outcomes.get(record["group_id"])
-        )
+        cancelled = record["finish_reason"] == "cancelled"
+        record["group_outcome"] = "cancelled" if cancelled else outcomes.get(record["group_id"])
     return episodes
+
+
+def from_eval_record(record: dict[str, Any]) -> dict[str, Any]:
+    """An `envhub eval` episode record (envhub.eval.EpisodeRecord) in the run record's episode shape."""
+    seat = record.get("seat")
+    task = record["env_id"] if seat is None else f"{record['env_id']}#seat{seat}"
+    log: list[dict[str, Any]] = [{"kind": "reset", "observation": record.get("first_observation", "")}]
+    for turn in record.get("turns", []):
+        log.append(
+            {
+                "kind": "turn",
+                "text": turn.get("action", ""),
+                "tool_calls": turn.get("tool_calls", []),
+                "observation": turn.get("observation", ""),
+                "reward": turn.get("reward", 0.0),
+            }
+        )
+    error = {"error": record["error"], "error_kind": record.get("error_kind")} if record.get("error") else {}
+    return {
+        "kind": "episode",
+        "task": task,
+        "seed": record["seed"],
+        "group_id": f"eval-{task}-{record['seed']}",
+        "step": record.get("attempt", 0),
+        "policy_versions": [],
+        "reward": record.get("reward", 0.0),
+        "finish_reason": record.get("finish", "error"),
+        "turns": record.get("steps", 0),
+        "model_tokens": 0,
+        "total_tokens": 0,
+        "duration_s": record.get("duration_s", 0.0),
+        "generate_s": 0.0,
+        "env_s": 0.0,
+        "env_info": error,
+        "log": log,
+    }

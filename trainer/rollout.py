@@ -37,12 +37,31 @@ class _Episode:
     turns: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     turn_log: list[dict[str, Any]] = field(default_factory=list)
+    stage: str = "build"  # what the episode is doing: build, reset, generate or step (named by an error)
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
         self.ids += ids
         self.mask += [1 if logprobs is not None else 0] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
         self.versions += versions if versions is not None else [-1] * len(ids)
+
+    def trajectory(self, task: str, group_id: str, seed: int, finish: str, duration_s: float) -> Trajectory:
+        """What was played, as the learner and the run record see it."""
+        return Trajectory(
+            input_ids=self.ids,
+            loss_mask=self.mask,
+            behavior_logprobs=self.logprobs,
+            versions=self.versions,
+            reward=self.reward,
+            task=task,
+            group_id=group_id,
+            seed=seed,
+            turns=self.turns,
+            finish_reason=finish,  # type: ignore[arg-type]
+            env_info=self.info,
+            duration_s=duration_s,
+            turn_log=self.turn_log,
+        )
 
 
 class RolloutWorker:
@@ -59,14 +78,21 @@ class RolloutWorker:
         self.on_episode: Callable[[Trajectory], None] | None = None  # sees every episode that ends, cancelled ones too
 
     async def run_episode(self, make_env: EnvFactory, task: str, seed: int, group_id: str = "") -> Trajectory:
-        """Play one episode to its end or a limit; the env is always closed."""
+        """Play one episode to its end or a limit; the env is always closed.
+
+        An exception of the env or the engine ends the episode with finish_reason "error", the error text in
+        `env_info["error"]` and where it happened in `env_info["error_stage"]` (build, reset, generate or step);
+        it is not raised: whoever consumes episodes counts errors (`envhub.trainer.task_errors`).
+        """
         state = _Episode()
         episode_key.set(f"{group_id}/{id(state)}")  # this task's turns stay on one engine (prefix cache)
         started = time.monotonic()
-        env = make_env()
+        env: Any = None
         finish = "error"
         self.episodes_running += 1
         try:
+            state.stage = "build"
+            env = make_env()
             finish = await asyncio.wait_for(self._play(env, seed, state), timeout=self.config.episode_timeout_s)
         except TimeoutError:
             self.episodes_timed_out += 1
@@ -75,27 +101,13 @@ class RolloutWorker:
             self.episodes_cancelled += 1
             finish = "cancelled"
             raise
-        except Exception as exc:  # recorded as an "error" episode, then raised as before
-            state.info["error"] = f"{type(exc).__name__}: {exc}"
-            raise
+        except Exception as exc:
+            state.info.update(error=f"{type(exc).__name__}: {exc}"[:2000], error_stage=state.stage)
         finally:
             self.episodes_running -= 1
-            await _close(env)
-            trajectory = Trajectory(
-                input_ids=state.ids,
-                loss_mask=state.mask,
-                behavior_logprobs=state.logprobs,
-                versions=state.versions,
-                reward=state.reward,
-                task=task,
-                group_id=group_id,
-                seed=seed,
-                turns=state.turns,
-                finish_reason=finish,
-                env_info=state.info,
-                duration_s=time.monotonic() - started,
-                turn_log=state.turn_log,
-            )
+            if env is not None:
+                await _close(env)
+            trajectory = state.trajectory(task, group_id, seed, finish, time.monotonic() - started)
             if self.on_episode is not None:
                 self.on_episode(trajectory)
         return trajectory
@@ -103,6 +115,7 @@ class RolloutWorker:
     async def _play(self, env: Any, seed: int, state: _Episode) -> str:
         cfg = self.config
         reset_started = time.monotonic()
+        state.stage = "reset"
         obs, info = await env.areset(seed=seed)
         state.turn_log.append(
             {
@@ -127,6 +140,7 @@ class RolloutWorker:
                 stop_token_ids=tuple(sorted(self.stop_ids)),
             )
             generate_started = time.monotonic()
+            state.stage = "generate"
             result = await self.engine.generate(list(state.ids), sampling)
             turn = {
                 "kind": "turn",
@@ -143,6 +157,7 @@ class RolloutWorker:
             turn["text"] = action
             state.extend(closing)
             step_started = time.monotonic()
+            state.stage = "step"
             obs, reward, terminated, truncated, step_info = await env.astep(action)
             turn.update(env_s=time.monotonic() - step_started, observation=obs, reward=float(reward))
             state.reward += float(reward)
@@ -155,36 +170,6 @@ class RolloutWorker:
             if len(state.ids) >= cfg.max_total_tokens:
                 return "max_tokens"
             state.extend(chat.add_messages([{"role": "user", "content": obs}]))
-
-    async def run_group(self, make_env: EnvFactory, task: str, seed: int, group_id: str) -> list[Trajectory] | None:
-        """Start group_size + redundancy episodes on one seed; keep the first group_size to finish.
-
-        The rest are cancelled (their envs closed). Returns None when too many episodes fail.
-        """
-        episodes = [
-            self.run_episode(make_env, task, seed, group_id)
-            for _ in range(self.config.group_size + self.config.redundancy)
-        ]
-        return await first_finished(episodes, self.config.group_size)
-
-
-async def first_finished(episodes: list[Any], want: int) -> list[Trajectory] | None:
-    """Run episode coroutines concurrently; keep the first `want` that finish without error, cancel the rest.
-
-    Returns None when fewer than `want` succeed. Shared by in-process and Ray rollouts (over-provisioning).
-    """
-    pending = {asyncio.ensure_future(e) for e in episodes}
-    kept: list[Trajectory] = []
-    try:
-        while pending and len(kept) < want:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            kept += [t.result() for t in done if t.exception() is None and t.result().finish_reason != "error"]
-    finally:
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-    return kept[:want] if len(kept) >= want else None
 
 
 async def _close(env: Any) -> None:

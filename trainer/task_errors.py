@@ -1,23 +1,23 @@
-"""Episode errors per task: every failed episode is counted and written down, and a task failing
-again and again stops the run with its error instead of letting training wait forever.
+"""Episode errors per task, counted in one place: every failed episode is counted and written down, and a task
+failing again and again stops the run with its error instead of letting training wait forever.
 
-`TaskErrors.wrap(task, factory)` returns an env factory whose envs report exceptions raised while
-building, resetting or stepping them. An episode that closes without one counts as a success and
-clears the task's run of failures.
+Rollout sources report every finished episode (in this process or from Ray actors alike); `TaskErrors.observe`
+counts those that ended in an env error (raised while building, resetting or stepping the env) and clears a task's
+run of failures when one of its episodes ends without one. Engine errors (at generate) are counted apart.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from envhub.errors import EnvhubError
+from envhub.trainer.trajectory import Trajectory
 
-EnvFactory = Callable[[], Any]
+ENV_STAGES = ("build", "reset", "step")  # where an exception is the env's (at "generate" it is the engine's)
 
 
 class TaskFailing(EnvhubError):
@@ -36,8 +36,7 @@ class EpisodeError:
 
 
 class TaskErrors:
-    """Counts failed episodes per task, logs each to a JSONL file, and raises once a task fails `max_in_a_row` times
-    running."""
+    """Counts failed episodes per task, logs each to a JSONL file, raises once a task fails `max_in_a_row` in a row."""
 
     def __init__(self, max_in_a_row: int, log_path: str | Path | None = None) -> None:
         self.max_in_a_row = max_in_a_row
@@ -45,23 +44,21 @@ class TaskErrors:
         self.total: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
         self.last: dict[str, EpisodeError] = {}
+        self.engine_errors = 0
 
-    def wrap(self, task: str, factory: EnvFactory) -> EnvFactory:
-        """An env factory for `task` whose envs report their exceptions here."""
+    def observe(self, trajectory: Trajectory) -> None:
+        """Count one finished episode: an env error, an engine error, or an episode that ran (cancelled ones aside)."""
+        stage = trajectory.env_info.get("error_stage")
+        if trajectory.finish_reason == "error" and stage in ENV_STAGES:
+            self.failed(trajectory.task, trajectory.seed, stage, trajectory.env_info.get("error", "unknown error"))
+        elif trajectory.finish_reason == "error":
+            self.engine_errors += 1
+        elif trajectory.finish_reason != "cancelled":
+            self.succeeded(trajectory.task)
 
-        def make() -> Any:
-            try:
-                env = factory()
-            except Exception as exc:
-                self.failed(task, None, "build", exc)
-                raise
-            return _Watched(env, task, self)
-
-        return make
-
-    def failed(self, task: str, seed: int | None, stage: str, exc: BaseException) -> None:
+    def failed(self, task: str, seed: int | None, stage: str, error_text: str) -> None:
         """Record a failed episode."""
-        error = EpisodeError(task, seed, stage, f"{type(exc).__name__}: {exc}"[:2000], time.time())
+        error = EpisodeError(task, seed, stage, error_text[:2000], time.time())
         self.total[task] = self.total.get(task, 0) + 1
         self.in_a_row[task] = self.in_a_row.get(task, 0) + 1
         self.last[task] = error
@@ -90,46 +87,7 @@ class TaskErrors:
 
     def metrics(self) -> dict[str, Any]:
         """Failed-episode counts and the last exception text per task, for the step's metrics row."""
-        if not self.total:
-            return {}
-        return {"episode_errors": dict(self.total), "episode_error": {t: e.error for t, e in self.last.items()}}
-
-
-class _Watched:
-    """An env that reports its exceptions to a TaskErrors; everything else passes through."""
-
-    def __init__(self, env: Any, task: str, errors: TaskErrors) -> None:
-        self._env, self._task, self._errors = env, task, errors
-        self._seed: int | None = None
-        self._failed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        self._seed = seed
-        try:
-            return await self._env.areset(seed=seed, options=options)
-        except Exception as exc:
-            self._fail("reset", exc)
-            raise
-
-    async def astep(self, action: Any) -> Any:
-        try:
-            return await self._env.astep(action)
-        except Exception as exc:
-            self._fail("step", exc)
-            raise
-
-    async def aclose(self) -> None:
-        if not self._failed:
-            self._errors.succeeded(self._task)
-        if hasattr(self._env, "aclose"):
-            await self._env.aclose()
-        else:
-            self._env.close()
-
-    def _fail(self, stage: str, exc: BaseException) -> None:
-        if not self._failed:
-            self._failed = True
-            self._errors.failed(self._task, self._seed, stage, exc)
+        row: dict[str, Any] = {"engine_errors": self.engine_errors} if self.engine_errors else {}
+        if self.total:
+            row.update(episode_errors=dict(self.total), episode_error={t: e.error for t, e in self.last.items()})
+        return row

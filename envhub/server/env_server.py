@@ -3,11 +3,9 @@
 Endpoints: see ENDPOINTS (all JSON; errors are 4xx/5xx with {"error": ..., "hint": ...}).
 
 Clients are hostile: what they may build is decided by the operator's `ServePolicy` (403 otherwise),
-requests pass a `ClientGuard` (bearer token, per-client rate, body size and deadline), and each client
-holds a bounded number of sessions. Sessions idle longer than `idle_timeout` seconds are closed by a
-reaper task; past `max_sessions` new sessions get 429. Async envs are driven through `areset`/`astep`
-on the server's loop; envs that implement only sync `reset`/`step` run in a worker thread, so a slow
-one stalls nobody else; either is cut off after `step_timeout` (504, session closed).
+requests pass the `ClientGuard` (bearer token, per-client rate, body size and deadline), and sessions
+live in a `SessionTable` (per-client and server caps, 429 above; idle reaping; env calls cut off after
+`step_timeout`, 504) - the same guard and table as the OpenEnv-protocol server's.
 """
 
 from __future__ import annotations
@@ -15,47 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from gymnasium import spaces
 
 from envhub.errors import ConfigError, EnvhubError, EnvNotFound, ResetNeeded
-from envhub.server.guard import ClientGuard, HTTPError, ServerLimits
+from envhub.server.guard import CLIENT, ClientGuard, HTTPError, ServerLimits, check_seed
 from envhub.server.policy import PolicyRefused, ServePolicy
+from envhub.server.sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS, Session, SessionTable
 from envhub.wire import ENDPOINTS, json_safe
-
-DEFAULT_IDLE_TIMEOUT = 600.0
-DEFAULT_MAX_SESSIONS = 1024
-CLIENT: Any = (
-    web.RequestKey("client", str) if hasattr(web, "RequestKey") else "client"
-)  # who sent it: a token index or an IP (older aiohttp: a str key)
-
-
-@dataclass
-class Session:
-    """One env held for one client."""
-
-    id: str
-    env_id: str
-    env: Any
-    owner: str = ""
-    last_used: float = field(default_factory=time.monotonic)
-    needs_reset: bool = True
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def _sync_only(env: Any) -> bool:
-    """True for envs that implement only sync `step`: they run in a worker thread so that a slow
-    one cannot stall the server's loop (async envs are awaited on it)."""
-    from envhub.core import AgentEnv
-
-    cls = type(env.unwrapped)
-    if not issubclass(cls, AgentEnv):
-        return True
-    return cls.step is not AgentEnv.step and cls.astep is AgentEnv.astep
 
 
 def space_json(space: Any) -> dict[str, Any]:
@@ -66,7 +33,7 @@ def space_json(space: Any) -> dict[str, Any]:
 
 
 class EnvServer:
-    """The session table and the request handlers."""
+    """The envhub protocol's request handlers over one guard and one session table."""
 
     def __init__(
         self,
@@ -77,20 +44,27 @@ class EnvServer:
         tokens: tuple[str, ...] | list[str] = (),
         limits: ServerLimits | None = None,
     ) -> None:
-        self.idle_timeout = idle_timeout
-        self.max_sessions = max_sessions
         self.policy = policy or ServePolicy()
         self.limits = limits or ServerLimits()
         self.guard = ClientGuard(tokens, self.limits)
-        self.sessions: dict[str, Session] = {}
-        self._reaper: asyncio.Task[None] | None = None
-        self.reaped = 0
-        self.timed_out = 0
-        self._creating: dict[str, int] = {}  # client -> sessions being built, counted against the limits
+        self.table = SessionTable(self.limits, idle_timeout, max_sessions, on_sweep=self.guard.forget_idle)
+
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The open sessions by id."""
+        return self.table.sessions
+
+    @property
+    def idle_timeout(self) -> float:
+        return self.table.idle_timeout
+
+    @property
+    def reaped(self) -> int:
+        return self.table.reaped
 
     def app(self) -> web.Application:
         """The aiohttp application serving this table."""
-        app = web.Application(middlewares=[self._errors, self._guard], client_max_size=self.limits.max_body)
+        app = web.Application(middlewares=[self._errors, self.guard.middleware], client_max_size=self.limits.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/envs", self.list_envs)
         app.router.add_get("/envs/{env_id}", self.env_info)
@@ -98,8 +72,8 @@ class EnvServer:
         app.router.add_post("/sessions/{sid}/reset", self.reset)
         app.router.add_post("/sessions/{sid}/step", self.step)
         app.router.add_delete("/sessions/{sid}", self.delete)
-        app.on_startup.append(self._start_reaper)
-        app.on_cleanup.append(self._shutdown)
+        app.on_startup.append(self.table.start)
+        app.on_cleanup.append(self.table.stop)
         return app
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -125,82 +99,27 @@ class EnvServer:
                 status=500,
             )
 
-    @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/health":  # health stays open for load balancers and liveness probes
-            request[CLIENT] = self.guard.client_of(request)
-            self.guard.admit(request[CLIENT])
-        return await handler(request)
-
     async def _body(self, request: web.Request) -> dict[str, Any]:
         return await self.guard.read_json(request)
 
     def _session(self, request: web.Request) -> Session:
         sid = request.match_info["sid"]
-        session = self.sessions.get(sid)
-        if session is None or session.owner != request[CLIENT]:  # another client's session looks like a missing one
+        session = self.table.get(sid, request[CLIENT])
+        if session is None:  # another client's session looks like a missing one
             raise HTTPError(
                 404,
                 f"unknown session {sid!r}",
                 f"it was closed or reaped after {self.idle_timeout:g}s idle; create a new one with POST /sessions",
             )
-        session.last_used = time.monotonic()
         return session
-
-    async def _start_reaper(self, app: web.Application) -> None:
-        self._reaper = asyncio.create_task(self._reap_forever())
-
-    async def _reap_forever(self) -> None:
-        period = max(0.05, min(self.idle_timeout / 4, 30.0))
-        while True:
-            await asyncio.sleep(period)
-            await self.reap_idle()
-            self.guard.forget_idle()
 
     async def reap_idle(self) -> int:
         """Close sessions idle longer than `idle_timeout`; returns how many were closed."""
-        now = time.monotonic()
-        idle = [s for s in self.sessions.values() if now - s.last_used > self.idle_timeout and not s.lock.locked()]
-        for session in idle:
-            await self._close(session)
-        self.reaped += len(idle)
-        return len(idle)
-
-    async def _close(self, session: Session) -> None:
-        self.sessions.pop(session.id, None)
-        try:
-            await asyncio.wait_for(session.env.aclose(), 60)
-        except Exception:
-            pass  # closing is best effort (and bounded); the session is gone either way
-
-    async def _run_env(self, session: Session, call: str, *args: Any, **kwargs: Any) -> Any:
-        """`env.reset`/`env.step` (sync ones in a thread), cut off after step_timeout: 504 and the session is closed."""
-        env = session.env
-        if _sync_only(env):
-            work = asyncio.to_thread(getattr(env, call), *args, **kwargs)
-        else:
-            work = getattr(env, "a" + call)(*args, **kwargs)
-        try:
-            return await asyncio.wait_for(work, self.limits.step_timeout)
-        except TimeoutError:
-            self.timed_out += 1
-            asyncio.get_running_loop().create_task(self._close(session))  # a stuck env may also be slow to close
-            self.sessions.pop(session.id, None)
-            raise HTTPError(
-                504,
-                f"{session.env_id} took longer than {self.limits.step_timeout:g}s to {call}; the session was closed",
-                "create a new session; the operator sets the limit with --step-timeout",
-            ) from None
-
-    async def _shutdown(self, app: web.Application) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-        for session in list(self.sessions.values()):
-            await self._close(session)
+        return await self.table.reap_idle()
 
     # -- handlers -----------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "sessions": len(self.sessions), "max_sessions": self.max_sessions})
+        return web.json_response({"status": "ok", **self.table.counters()})
 
     @staticmethod
     def _spec_json(spec: Any) -> dict[str, Any]:
@@ -235,57 +154,16 @@ class EnvServer:
             raise HTTPError(404, str(exc.args[0]), exc.hint) from exc
 
     async def create(self, request: web.Request) -> web.Response:
-        from envhub.registry import list_envs, make
-
         body = await self._body(request)
         env_spec = self._lookup(body.get("env_id"))
-        if env_spec.multiagent:
-            seat_id = env_spec.id.rsplit("-v", 1)[0] + "-SelfPlay-v0"
-            registered = any(s.id == seat_id for s in list_envs())
-            hint = (
-                f"sessions play one seat: use {seat_id}"
-                if registered
-                else "multi-agent envs are played locally with envhub.make_multiagent"
-            )
-            raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", hint)
+        self._refuse_multiagent(env_spec)
         kwargs = body.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise HTTPError(400, "'kwargs' must be a JSON object", 'e.g. {"kwargs": {"size": 6}}')
-        client = request[CLIENT]
-        if len(self.sessions) + sum(self._creating.values()) >= self.max_sessions:
-            raise HTTPError(
-                429,
-                f"the server holds its maximum of {self.max_sessions} sessions",
-                "close finished sessions (DELETE /sessions/{id}) or retry later",
-            )
-        held = sum(1 for s in self.sessions.values() if s.owner == client) + self._creating.get(client, 0)
-        if held >= self.limits.sessions_per_client:
-            raise HTTPError(
-                429,
-                f"this client holds its maximum of {self.limits.sessions_per_client} sessions",
-                "close finished sessions (DELETE /sessions/{id}); the operator sets --sessions-per-client",
-            )
-        self.policy.options_for(env_spec.id, body.get("options"))  # refuse bad options before building anything
-        self._creating[client] = (
-            self._creating.get(client, 0) + 1
-        )  # counted against the limits while the env is being built
-        try:
-            allowed = await asyncio.to_thread(self.policy.kwargs_for, env_spec, kwargs)
-            env = await asyncio.to_thread(make, env_spec.id, **allowed)
-        except PolicyRefused:
-            raise
-        except (TypeError, ValueError, EnvhubError) as exc:
-            raise HTTPError(
-                400,
-                f"cannot make {env_spec.id} with kwargs {json.dumps(json_safe(kwargs))[:300]}: {exc}",
-                f"`envhub info {env_spec.id}` lists its kwargs",
-            ) from exc
-        finally:
-            self._creating[client] -= 1
-            if not self._creating[client]:
-                del self._creating[client]
-        session = Session(id=uuid.uuid4().hex, env_id=env_spec.id, env=env, owner=client)
-        self.sessions[session.id] = session
+        with self.table.reserve(request[CLIENT]):  # counted against the caps while the env is being built
+            self.policy.options_for(env_spec.id, body.get("options"))  # refuse bad options before building anything
+            env = await self._make(env_spec, kwargs)
+        session = self.table.add(env_spec.id, env, request[CLIENT])
         reply: dict[str, Any] = {
             "session_id": session.id,
             "env_id": env_spec.id,
@@ -297,18 +175,47 @@ class EnvServer:
             try:
                 reply.update(await self._reset(session, body))
             except BaseException:
-                await self._close(session)  # the client never learns this id, so do not keep it
+                await self.table.close(session)  # the client never learns this id, so do not keep it
                 raise
         return web.json_response(reply)
 
+    @staticmethod
+    def _refuse_multiagent(env_spec: Any) -> None:
+        from envhub.registry import list_envs
+
+        if not env_spec.multiagent:
+            return
+        seat_id = env_spec.id.rsplit("-v", 1)[0] + "-SelfPlay-v0"
+        registered = any(s.id == seat_id for s in list_envs())
+        hint = (
+            f"sessions play one seat: use {seat_id}"
+            if registered
+            else "multi-agent envs are played locally with envhub.make_multiagent"
+        )
+        raise HTTPError(400, f"{env_spec.id} is a multi-agent environment", hint)
+
+    async def _make(self, env_spec: Any, kwargs: dict[str, Any]) -> Any:
+        """The env built with the kwargs the policy allows this client (PolicyRefused or 400 otherwise)."""
+        from envhub.registry import make
+
+        try:
+            allowed = await asyncio.to_thread(self.policy.kwargs_for, env_spec, kwargs)
+            return await asyncio.to_thread(make, env_spec.id, **allowed)
+        except PolicyRefused:
+            raise
+        except (TypeError, ValueError, EnvhubError) as exc:
+            raise HTTPError(
+                400,
+                f"cannot make {env_spec.id} with kwargs {json.dumps(json_safe(kwargs))[:300]}: {exc}",
+                f"`envhub info {env_spec.id}` lists its kwargs",
+            ) from exc
+
     async def _reset(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
-        seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
-            raise HTTPError(400, f"'seed' must be an integer in [0, 2**64) or null, got {str(seed)[:40]}")
+        seed = check_seed(body.get("seed"))
         options = self.policy.options_for(session.env_id, body.get("options"))
         async with session.lock:
             try:
-                obs, info = await self._run_env(session, "reset", seed=seed, options=options)
+                obs, info = await self.table.run(session, "reset", seed=seed, options=options)
             except ConfigError as exc:  # e.g. an options value the env does not know
                 raise HTTPError(400, f"cannot reset {session.env_id}: {exc.args[0]}", exc.hint) from exc
             session.needs_reset = False
@@ -324,16 +231,7 @@ class EnvServer:
         body = await self._body(request)
         if "action" not in body:
             raise HTTPError(400, "missing 'action'", 'send {"action": "your text"}')
-        action = body["action"]
-        if not isinstance(action, (str, dict)):
-            raise HTTPError(400, f"'action' must be a string or an object, got {type(action).__name__}")
-        size = len(action) if isinstance(action, str) else len(json.dumps(action))
-        if size > self.limits.max_action_chars:
-            raise HTTPError(
-                413,
-                f"action is {size} characters, over this server's limit of {self.limits.max_action_chars}",
-                "send a shorter action; the operator sets --max-action-chars",
-            )
+        action = self.guard.check_action(body["action"])
         if session.needs_reset:
             raise HTTPError(
                 409,
@@ -342,7 +240,7 @@ class EnvServer:
             )
         async with session.lock:
             try:
-                obs, reward, terminated, truncated, info = await self._run_env(session, "step", action)
+                obs, reward, terminated, truncated, info = await self.table.run(session, "step", action)
             except ResetNeeded as exc:
                 session.needs_reset = True
                 raise HTTPError(409, str(exc.args[0]), exc.hint or "reset the session") from exc
@@ -361,5 +259,5 @@ class EnvServer:
     async def delete(self, request: web.Request) -> web.Response:
         session = self._session(request)
         async with session.lock:
-            await self._close(session)
+            await self.table.close(session)
         return web.json_response({"closed": session.id})

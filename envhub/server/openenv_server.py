@@ -3,36 +3,40 @@
 Routes, as OpenEnv's `openenv-core` server has them:
   WS   /ws        one session (one env) per connection; messages {"type": "reset"|"step"|"state"|"close", "data": {...}}
                   -> {"type": "observation", "data": {"observation": {...}, "reward", "done"}}
-                   | {"type": "state", ...} | {"type": "error", ...}
-  GET  /health    {"status": "healthy"}
+                   | {"type": "state", ...} | {"type": "error", "data": {"message", "code"}}
+  GET  /health    {"status": "healthy", "sessions", "max_sessions", "reaped", "timed_out"} (no token needed)
   GET  /schema    JSON schemas of action {"text"}, observation {"text", "info", "truncated"} and state
   GET  /metadata  name and description of the served env
   GET  /state     the state of a fresh env (OpenEnv's HTTP routes are stateless)
-  POST /reset     {"seed"?} -> a fresh env reset once, then closed
+  POST /reset     {"seed"?, "episode_id"?} -> a fresh env reset once, then closed
   POST /step      {"action": {"text"}, "seed"?} -> a fresh env reset and stepped once, then closed
 
-Clients are hostile: env kwargs are the operator's (`--env`), never the client's; reset honours
-only `seed` and `episode_id`; messages are capped in size, sessions in number and idle time, and a
-bearer token is required when `token` is set.
+Clients are hostile, and meet the same trust layer as `envhub serve`: the `ClientGuard` (bearer tokens,
+per-client rate limit - requests over it get 429, WebSocket messages wait their turn -, body and message
+size, JSON depth) and the `SessionTable` (per-client and server
+session caps, idle reaping, env calls cut off after `step_timeout`); the stateless routes hold a session
+for the length of their request. The env and its kwargs are the operator's (`--env`, `--policy`); a
+client may set only `seed` and `episode_id`. Errors keep OpenEnv's shapes: HTTP `{"detail": ...}` (401,
+413, 422, 429 with Retry-After, 504), WebSocket `{"type": "error", "data": {"message", "code"}}`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
-import json
+import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
-from envhub.errors import EnvhubError, ResetNeeded
-from envhub.server.env_server import _sync_only
+from envhub.errors import ConfigError, EnvhubError, ResetNeeded
+from envhub.server.guard import CLIENT, ClientGuard, HTTPError, ServerLimits, check_seed, parse_json
+from envhub.server.policy import PolicyRefused, ServePolicy
+from envhub.server.sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS, Session, SessionTable
 from envhub.wire import json_safe
 
-MAX_MESSAGE_BYTES = 1 << 20
 ACTION_SCHEMA = {
     "title": "EnvhubAction",
     "type": "object",
@@ -59,36 +63,38 @@ STATE_SCHEMA = {
         "env_id": {"type": "string"},
     },
 }
+RESET_FIELDS = frozenset({"seed", "episode_id"})  # all an OpenEnv client may set (ResetRequest's fields)
+STEP_FIELDS = frozenset({"action", "seed", "episode_id", "timeout_s", "request_id"})  # StepRequest's, and our seed
+ACTION_FIELDS = frozenset({"text", "tool_call", "metadata"})
+MAX_EPISODE_ID = 255  # OpenEnv's ResetRequest bound
+WS_CODES = {409: "EXECUTION_ERROR", 504: "EXECUTION_ERROR"}  # OpenEnv's WSErrorCode of a refusal, by HTTP status
 
 
 @dataclass
-class _Session:
-    env: Any
+class _Episode:
+    """What OpenEnv's `state` reports about a WebSocket session's episode."""
+
     episode_id: str | None = None
     step_count: int = 0
-    done: bool = True
-    last_used: float = field(default_factory=time.monotonic)
 
 
-class ClientError(Exception):
-    """A message the server refuses, with OpenEnv's error code."""
-
-    def __init__(self, message: str, code: str = "VALIDATION_ERROR") -> None:
-        super().__init__(message)
-        self.code = code
+def ws_error(message: str, code: str) -> dict[str, Any]:
+    """A WebSocket error reply in OpenEnv's shape (`WSErrorResponse`)."""
+    return {"type": "error", "data": {"message": message, "code": code}}
 
 
 class OpenEnvServer:
-    """Serves `env_id` (built with the operator's `env_kwargs`) over OpenEnv's routes."""
+    """Serves `env_id`, built with the operator's kwargs (the policy's), over OpenEnv's routes."""
 
     def __init__(
         self,
         env_id: str,
-        env_kwargs: dict[str, Any] | None = None,
         *,
-        token: str | None = None,
-        max_sessions: int = 256,
-        idle_timeout: float = 600.0,
+        policy: ServePolicy | None = None,
+        tokens: tuple[str, ...] | list[str] = (),
+        limits: ServerLimits | None = None,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         from envhub.registry import spec
 
@@ -97,15 +103,23 @@ class OpenEnvServer:
             raise EnvhubError(
                 f"{self.spec.id} is multi-agent; OpenEnv serves one agent", hint="serve its -SelfPlay- id"
             )
-        self.env_kwargs = dict(env_kwargs or {})
-        self.token = token
-        self.max_sessions = max_sessions
-        self.idle_timeout = idle_timeout
-        self.sessions: dict[str, _Session] = {}
+        self.policy = policy or ServePolicy()
+        if not self.policy.serves(self.spec.id):
+            raise ConfigError(
+                f"{self.spec.id} is not served by the policy ({self.policy.source})",
+                hint=f"add {self.spec.id} to the policy file's envs:",
+            )
+        try:  # the operator's kwargs; `backend: local` needs the operator's explicit opt-in
+            self.env_kwargs = self.policy.kwargs_for(self.spec, {})
+        except PolicyRefused as exc:
+            raise ConfigError(str(exc.args[0]), hint=exc.hint) from None
+        self.limits = limits or ServerLimits()
+        self.guard = ClientGuard(tokens, self.limits)
+        self.table = SessionTable(self.limits, idle_timeout, max_sessions, on_sweep=self.guard.forget_idle)
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[self._guard], client_max_size=MAX_MESSAGE_BYTES)
+        app = web.Application(middlewares=[self._errors, self.guard.middleware], client_max_size=self.limits.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/schema", self.schema)
         app.router.add_get("/metadata", self.metadata)
@@ -113,26 +127,22 @@ class OpenEnvServer:
         app.router.add_post("/reset", self.reset)
         app.router.add_post("/step", self.step)
         app.router.add_get("/ws", self.websocket)
+        app.on_startup.append(self.table.start)
+        app.on_shutdown.append(self.table.stop)  # before aiohttp waits for handlers: open sockets are closed
         return app
 
     # -- plumbing -----------------------------------------------------------------------------
-    def authorized(self, request: web.Request) -> bool:
-        """True when no token is set or the request carries it as a bearer token (constant-time compare)."""
-        if not self.token:
-            return True
-        sent = request.headers.get("Authorization", "")
-        return hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode())
-
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/health" and not self.authorized(request):
-            return web.json_response({"detail": "missing or wrong bearer token"}, status=401)
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
         try:
             return await handler(request)
-        except ClientError as exc:
-            return web.json_response({"detail": str(exc)}, status=422)
-        except web.HTTPException:
-            raise
+        except HTTPError as exc:  # FastAPI, which OpenEnv's server runs on, answers invalid input with 422
+            status = 422 if exc.status == 400 else exc.status
+            return web.json_response({"detail": exc.error}, status=status, headers=exc.headers)
+        except web.HTTPException as exc:  # aiohttp's own 404/405 for unknown routes
+            if exc.status < 400:
+                raise
+            return web.json_response({"detail": exc.reason}, status=exc.status)
         except Exception as exc:  # an env that crashed must not take the server down
             return web.json_response({"detail": f"{type(exc).__name__}: {exc}"}, status=500)
 
@@ -141,28 +151,42 @@ class OpenEnvServer:
 
         return make(self.spec.id, **self.env_kwargs)
 
-    @staticmethod
-    async def _call(env: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        if _sync_only(env):  # a slow sync env runs in a thread, stalling nobody else
-            return await asyncio.to_thread(getattr(env, name), *args, **kwargs)
-        return await getattr(env, "a" + name)(*args, **kwargs)
+    @contextlib.asynccontextmanager
+    async def _request_session(self, request: web.Request) -> AsyncIterator[Session]:
+        """A session for one stateless request: counted against the caps, closed at the end."""
+        session = await self.table.open(request[CLIENT], self.spec.id, self._make)
+        try:
+            async with session.lock:
+                yield session
+        finally:
+            await self.table.close(session)
 
     @staticmethod
-    def _seed(data: dict[str, Any]) -> int | None:
-        seed = data.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ClientError(f"'seed' must be a non-negative integer or null, got {seed!r}")
-        return seed
-
-    @staticmethod
-    def _action(data: Any) -> str | dict[str, Any]:
+    def _only(data: Any, allowed: frozenset[str], what: str) -> dict[str, Any]:
+        """`data` as an object with no field outside `allowed`: client-set kwargs and options are refused."""
         if not isinstance(data, dict):
-            raise ClientError("the action must be an object such as {\"text\": \"...\"}")
+            raise HTTPError(400, f"{what} must be a JSON object")
+        extra = sorted(set(data) - allowed)
+        if extra:
+            why = "" if allowed is ACTION_FIELDS else ": env kwargs and options are the operator's on this server"
+            raise HTTPError(
+                400, f"{what} may carry only {', '.join(sorted(allowed))}, not {', '.join(map(repr, extra))}{why}"
+            )
+        return data
+
+    def _reset_args(self, data: dict[str, Any]) -> tuple[int | None, str | None]:
+        episode_id = data.get("episode_id")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > MAX_EPISODE_ID):
+            raise HTTPError(400, f"'episode_id' must be a string of at most {MAX_EPISODE_ID} characters or null")
+        return check_seed(data.get("seed")), episode_id
+
+    def _action(self, data: Any) -> str | dict[str, Any]:
+        data = self._only(data, ACTION_FIELDS, "the action")
         if isinstance(data.get("text"), str):
-            return data["text"]
+            return self.guard.check_action(data["text"])
         if isinstance(data.get("tool_call"), dict):
-            return data["tool_call"]
-        raise ClientError("the action needs a string 'text' field", code="VALIDATION_ERROR")
+            return self.guard.check_action(data["tool_call"])
+        raise HTTPError(400, "the action needs a string 'text' field")
 
     @staticmethod
     def _observation(
@@ -176,7 +200,7 @@ class OpenEnvServer:
 
     # -- HTTP routes --------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "healthy"})
+        return web.json_response({"status": "healthy", **self.table.counters()})
 
     async def schema(self, request: web.Request) -> web.Response:
         return web.json_response({"action": ACTION_SCHEMA, "observation": OBSERVATION_SCHEMA, "state": STATE_SCHEMA})
@@ -196,158 +220,103 @@ class OpenEnvServer:
     async def state(self, request: web.Request) -> web.Response:
         return web.json_response({"episode_id": None, "step_count": 0, "env_id": self.spec.id})
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        if not request.can_read_body:
-            return {}
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ClientError(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise ClientError("request body must be a JSON object")
-        return body
-
     async def reset(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
-        env = await asyncio.to_thread(self._make)
-        try:
-            obs, info = await self._call(env, "reset", seed=self._seed(body))
-            return web.json_response(self._observation(obs, None, False, False, info))
-        finally:
-            await asyncio.to_thread(env.close)
+        body = self._only(await self.guard.read_json(request), RESET_FIELDS, "a reset request")
+        seed, _ = self._reset_args(body)
+        async with self._request_session(request) as session:
+            obs, info = await self.table.run(session, "reset", seed=seed)
+        return web.json_response(self._observation(obs, None, False, False, info))
 
     async def step(self, request: web.Request) -> web.Response:
-        body = await self._body(request)
+        body = self._only(await self.guard.read_json(request), STEP_FIELDS, "a step request")
         action = self._action(body.get("action"))
-        env = await asyncio.to_thread(self._make)
-        try:  # OpenEnv's HTTP step is stateless: a fresh env, reset with the given seed, one step
-            await self._call(env, "reset", seed=self._seed(body))
-            obs, reward, terminated, truncated, info = await self._call(env, "step", action)
-            return web.json_response(
-                self._observation(obs, float(reward), bool(terminated or truncated), bool(truncated), info)
-            )
-        finally:
-            await asyncio.to_thread(env.close)
+        seed, _ = self._reset_args(body)
+        async with self._request_session(request) as session:  # stateless: a fresh env, reset with the seed, stepped
+            await self.table.run(session, "reset", seed=seed)
+            obs, reward, terminated, truncated, info = await self.table.run(session, "step", action)
+        return web.json_response(
+            self._observation(obs, float(reward), bool(terminated or truncated), bool(truncated), info)
+        )
 
     # -- WebSocket sessions -------------------------------------------------------------------
-    async def _reap(self) -> None:
-        now = time.monotonic()
-        for sid, session in list(self.sessions.items()):
-            if now - session.last_used > self.idle_timeout:
-                self.sessions.pop(sid, None)
-                await asyncio.to_thread(session.env.close)
-
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30.0)
+        ws = web.WebSocketResponse(max_msg_size=self.limits.max_body, heartbeat=30.0)
         await ws.prepare(request)
-        await self._reap()
-        if len(self.sessions) >= self.max_sessions:
-            await ws.send_json(
-                {
-                    "type": "error",
-                    "data": {
-                        "message": f"the server holds its maximum of {self.max_sessions} sessions",
-                        "code": "CAPACITY_REACHED",
-                    },
-                }
-            )
-            await ws.close()
-            return ws
-        sid = uuid.uuid4().hex
+        client = request[CLIENT]
         try:
-            session = self.sessions[sid] = _Session(env=await asyncio.to_thread(self._make))
-        except Exception as exc:
-            await ws.send_json(
-                {"type": "error", "data": {"message": f"cannot make {self.spec.id}: {exc}", "code": "FACTORY_ERROR"}}
-            )
+            session = await self.table.open(client, self.spec.id, self._make)
+        except HTTPError as exc:  # a session cap: OpenEnv tells the client on the socket, then closes it
+            await ws.send_json(ws_error(exc.error, "CAPACITY_REACHED"))
             await ws.close()
             return ws
+        except Exception as exc:
+            await ws.send_json(ws_error(f"cannot make {self.spec.id}: {exc}", "FACTORY_ERROR"))
+            await ws.close()
+            return ws
+        session.on_close = lambda: ws.close(code=WSCloseCode.GOING_AWAY, message=b"session closed by the server")
+        episode = _Episode()
         try:
             async for message in ws:
                 if message.type != WSMsgType.TEXT:
-                    break
+                    break  # a close, an error (a message over max_body closes with 1009) or binary data
                 session.last_used = time.monotonic()
-                reply = await self._handle(session, message.data)
+                reply = await self._reply(session, episode, client, message.data)
                 if reply is None:
                     break
                 await ws.send_json(reply)
+                if session.id not in self.table.sessions:
+                    break  # cut off after step_timeout: the session is gone, and so is the socket
         finally:
-            self.sessions.pop(sid, None)
-            await asyncio.to_thread(session.env.close)
+            await self.table.close(session)
             await ws.close()
         return ws
 
-    async def _handle(self, session: _Session, raw: str) -> dict[str, Any] | None:
+    async def _reply(self, session: Session, episode: _Episode, client: str, raw: str) -> dict[str, Any] | None:
         """The reply to one client message; None for `close`."""
+        await self.guard.pace(client)  # each message counts against the client's rate; over it, it waits its turn
         try:
-            message = json.loads(raw)
-        except ValueError as exc:
-            return {"type": "error", "data": {"message": f"Invalid JSON: {exc}", "code": "INVALID_JSON"}}
+            message = parse_json(raw)
+        except HTTPError as exc:
+            return ws_error(f"Invalid JSON: {exc.error}", "INVALID_JSON")
         if not isinstance(message, dict):
-            return {"type": "error", "data": {"message": "a message must be a JSON object", "code": "VALIDATION_ERROR"}}
+            return ws_error("a message must be a JSON object", "VALIDATION_ERROR")
         kind, data = message.get("type"), message.get("data") or {}
         try:
             if kind == "reset":
-                if not isinstance(data, dict):
-                    raise ClientError("reset data must be an object")
-                obs, info = await self._call(session.env, "reset", seed=self._seed(data))
-                session.episode_id = str(data.get("episode_id") or uuid.uuid4().hex)[:128]
-                session.step_count, session.done = 0, False
-                return {"type": "observation", "data": self._observation(obs, None, False, False, info)}
+                return await self._ws_reset(session, episode, data)
             if kind == "step":
-                if session.done:
-                    raise ClientError(
-                        "step before reset, or after the episode ended: send a reset first", code="EXECUTION_ERROR"
-                    )
-                obs, reward, terminated, truncated, info = await self._call(session.env, "step", self._action(data))
-                session.step_count += 1
-                session.done = bool(terminated or truncated)
-                return {
-                    "type": "observation",
-                    "data": self._observation(obs, float(reward), session.done, bool(truncated), info),
-                }
+                return await self._ws_step(session, episode, data)
             if kind == "state":
-                return {
-                    "type": "state",
-                    "data": {
-                        "episode_id": session.episode_id,
-                        "step_count": session.step_count,
-                        "env_id": self.spec.id,
-                    },
-                }
+                state = {"episode_id": episode.episode_id, "step_count": episode.step_count, "env_id": self.spec.id}
+                return {"type": "state", "data": state}
             if kind == "close":
                 return None
-            return {"type": "error", "data": {"message": f"Unknown message type: {kind}", "code": "UNKNOWN_TYPE"}}
-        except ClientError as exc:
-            return {"type": "error", "data": {"message": str(exc), "code": exc.code}}
+            return ws_error(f"Unknown message type: {kind}", "UNKNOWN_TYPE")
+        except HTTPError as exc:
+            return ws_error(exc.error, WS_CODES.get(exc.status, "VALIDATION_ERROR"))
         except ResetNeeded as exc:
-            session.done = True
-            return {"type": "error", "data": {"message": str(exc), "code": "EXECUTION_ERROR"}}
+            session.needs_reset = True
+            return ws_error(str(exc), "EXECUTION_ERROR")
         except Exception as exc:  # the env raised: the session survives, the client is told
-            return {"type": "error", "data": {"message": f"{type(exc).__name__}: {exc}", "code": "EXECUTION_ERROR"}}
+            return ws_error(f"{type(exc).__name__}: {exc}", "EXECUTION_ERROR")
 
+    async def _ws_reset(self, session: Session, episode: _Episode, data: Any) -> dict[str, Any]:
+        seed, episode_id = self._reset_args(self._only(data, RESET_FIELDS, "reset data"))
+        async with session.lock:
+            obs, info = await self.table.run(session, "reset", seed=seed)
+            session.needs_reset = False
+        episode.episode_id, episode.step_count = episode_id or uuid.uuid4().hex, 0
+        return {"type": "observation", "data": self._observation(obs, None, False, False, info)}
 
-def serve(
-    env_id: str,
-    host: str,
-    port: int,
-    *,
-    token: str | None = None,
-    max_sessions: int | None = None,
-    idle_timeout: float | None = None,
-) -> None:
-    """Run the OpenEnv-protocol server until interrupted."""
-    limits = {k: v for k, v in (("max_sessions", max_sessions), ("idle_timeout", idle_timeout)) if v is not None}
-    server = OpenEnvServer(env_id, token=token, **limits)
-    print(
-        f"envhub: serving {server.spec.id} in OpenEnv's protocol on http://{host}:{port} (/ws, /reset, /step, "
-        f"/schema, /health)",
-        flush=True,
-    )
-    try:
-        web.run_app(server.app(), host=host, port=port, print=None, access_log=None)
-    except OSError as exc:
-        raise EnvhubError(
-            f"cannot serve on {host}:{port}: {exc.strerror or exc}",
-            hint="choose another --port, or stop what is using it",
-        ) from None
+    async def _ws_step(self, session: Session, episode: _Episode, data: Any) -> dict[str, Any]:
+        action = self._action(data)
+        if session.needs_reset:
+            raise HTTPError(409, "step before reset, or after the episode ended: send a reset first")
+        async with session.lock:
+            obs, reward, terminated, truncated, info = await self.table.run(session, "step", action)
+            session.needs_reset = bool(terminated or truncated)
+        episode.step_count += 1
+        return {
+            "type": "observation",
+            "data": self._observation(obs, float(reward), session.needs_reset, bool(truncated), info),
+        }

@@ -1,13 +1,17 @@
-"""`envhub serve` on the command line: refusing a public bind without a token, --help, --import, policy files."""
+"""`envhub serve` on the command line: refusing a public bind without a token, --help, --import, policy files, and the
+same trust flags for `--protocol openenv`."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 
 import pytest
 
@@ -138,3 +142,67 @@ def test_policy_file_errors_are_one_line(tmp_path):
         assert message in str(err.value), (text, str(err.value))
     with pytest.raises(envhub.ConfigError, match="has no kwarg 'colour'"):
         load_policy(None, allow_kwargs=[f"{GOOD_ID}:colour"])
+
+
+async def _openenv_session(port: int, token: str) -> dict:
+    """The first reply to a reset on a fresh OpenEnv-protocol session (a WebSocket) with this token."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"ws://127.0.0.1:{port}/ws", headers=headers) as ws,
+    ):
+        await ws.send_json({"type": "reset", "data": {"seed": 0}})
+        return await ws.receive_json(timeout=30)
+
+
+async def _check_openenv_server(port: int) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{port}/schema") as reply:
+            assert reply.status == 401 and "token" in (await reply.json())["detail"]
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": "Bearer beta"}) as http,
+        http.ws_connect(f"ws://127.0.0.1:{port}/ws") as held,
+    ):
+        await held.send_json({"type": "reset", "data": {"seed": 0}})
+        first = await held.receive_json(timeout=30)
+        assert first["data"]["observation"]["text"].endswith("x y z")  # the policy file's server-side kwargs
+        refused = await _openenv_session(port, "beta")  # --sessions-per-client 1
+        assert refused["data"]["code"] == "CAPACITY_REACHED"
+        assert (await _openenv_session(port, "alpha"))["type"] == "observation"  # the other token has its own
+
+
+def test_serve_protocol_openenv_takes_the_same_trust_flags(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("envs:\n  Letters-v0:\n    kwargs: {letters: xyz}\n")
+    port = _free_port()
+    serve = [sys.executable, "-m", "envhub.cli.main", "serve", "--protocol", "openenv", "--env", "Letters-v0"]
+    env = {k: v for k, v in os.environ.items() if k != "ENVHUB_TOKEN"}
+    flags = ["--policy", str(policy), "--token", "alpha", "--token", "beta", "--sessions-per-client", "1"]
+    proc = subprocess.Popen(
+        [*serve, *flags, "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        started = proc.stdout.readline()
+        assert "serving Letters-v0 in OpenEnv's protocol" in started and "2 token(s)" in started, started
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as reply:
+                    assert json.load(reply)["status"] == "healthy"  # open without a token
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+        asyncio.run(_check_openenv_server(port))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+    bad = subprocess.run(
+        [*serve, "--allow-kwarg", "Letters-v0:turns"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "takes no --allow-kwarg" in bad.stderr and len(bad.stderr.strip().splitlines()) <= 2

@@ -18,24 +18,8 @@ import envhub
 from envhub import RemoteEnv, RemoteError
 from envhub.server.guard import ServerLimits
 from envhub.server.policy import builtin_policies, constructor_parameters, load_policy
-from tests.conftest import start_server
 
 GOOD_ID = "TicTacToe-SelfPlay-v0"
-
-
-@pytest.fixture
-def serve():
-    """start(**EnvServer kwargs) -> RunningServer; every server started is stopped at the end."""
-    stops = []
-
-    def start(**kwargs):
-        running, stop = start_server(**kwargs)
-        stops.append(stop)
-        return running
-
-    yield start
-    for stop in stops:
-        stop()
 
 
 async def call(url: str, method: str, path: str, token: str | None = None, **kwargs) -> tuple[int, dict, dict]:
@@ -362,10 +346,13 @@ async def test_a_flood_of_session_creations_and_requests(serve):
     assert statuses.count(200) == 5 and statuses.count(429) == 25
     assert any("maximum of 5 sessions" in body["error"] for status, body, _ in replies if status == 429)
     await good.still_works()
-    # past the request rate: 429 with Retry-After, per client
-    replies = await asyncio.gather(*(call(running.url, "GET", "/envs", token="flooder") for _ in range(150)))
+    # past the request rate: 429 with Retry-After, per client. The rate (2/s, bursts of 4) is far below what any
+    # machine sends: to pass unlimited, these 40 requests would have to be spread over 18 s
+    slow = serve(tokens=["flooder", "polite"], limits=ServerLimits(rate_limit=2))
+    replies = await asyncio.gather(*(call(slow.url, "GET", "/envs", token="flooder") for _ in range(40)))
     limited = [headers for status, _, headers in replies if status == 429]
     assert limited and all(int(h["Retry-After"]) >= 1 for h in limited)
+    assert (await call(slow.url, "GET", "/envs", token="polite"))[0] == 200  # another client's bucket is its own
     await good.close()
     status, body, _ = await call(running.url, "GET", "/health")
     assert status == 200 and body["sessions"] == 5  # the flooder's; the polite client closed its own
@@ -376,9 +363,9 @@ async def test_a_flood_of_session_creations_and_requests(serve):
 
 
 async def test_remote_env_waits_out_a_retry_after(serve):
-    running = serve(limits=ServerLimits(rate_limit=2))
-    statuses = [(await call(running.url, "GET", "/envs"))[0] for _ in range(6)]
-    assert statuses[-1] == 429
+    running = serve(limits=ServerLimits(rate_limit=0.5))  # a bucket of one request, refilled every 2 s
+    statuses = [status for status, _, _ in await asyncio.gather(*(call(running.url, "GET", "/envs") for _ in range(5)))]
+    assert 429 in statuses  # the burst emptied the bucket: the next request must wait
     env = RemoteEnv(running.url, "Wordle-v0")
     start = time.monotonic()
     obs, _ = await env.areset(seed=0)  # rate limited first, then served after Retry-After

@@ -13,6 +13,7 @@ from envhub.errors import ConfigError, EnvNotFound
 from envhub.trainer.config import TaskConfig, config_from_dict
 from envhub.trainer.preflight import check_task
 from envhub.trainer.task_errors import TaskErrors, TaskFailing
+from envhub.trainer.trajectory import Trajectory
 
 pytest.importorskip("envhub.trainer.engines.local")
 
@@ -105,20 +106,34 @@ async def test_a_task_whose_episodes_keep_failing_stops_the_run_with_its_error(t
     assert all(e["stage"] == "step" and "depth 7" in e["error"] and isinstance(e["seed"], int) for e in logged)
 
 
+def episode(task: str, seed: int, error: str = "", stage: str = "") -> Trajectory:
+    """A finished episode as a rollout source reports it (an error one when `error` is given)."""
+    info = {"error": error, "error_stage": stage} if error else {}
+    finish = "error" if error else "terminated"
+    return Trajectory([1], [0], [0.0], [-1], 0.0, task, "g", seed, 0, finish, env_info=info)
+
+
 def test_counts_reset_after_a_success_and_zero_never_stops():
     errors = TaskErrors(max_in_a_row=2)
-    errors.failed("A-v0", 1, "reset", RuntimeError("boom"))
-    errors.succeeded("A-v0")
-    errors.failed("A-v0", 2, "reset", RuntimeError("boom"))
+    errors.observe(episode("A-v0", 1, "RuntimeError: boom", "reset"))
+    errors.observe(episode("A-v0", 9))
+    errors.observe(episode("A-v0", 2, "RuntimeError: boom", "reset"))
     errors.raise_if_failing()
     assert errors.metrics() == {"episode_errors": {"A-v0": 2}, "episode_error": {"A-v0": "RuntimeError: boom"}}
-    errors.failed("A-v0", 3, "step", RuntimeError("bang"))
+    errors.observe(episode("A-v0", 3, "RuntimeError: bang", "step"))
     with pytest.raises(TaskFailing, match="task A-v0: 2 episodes in a row failed .*RuntimeError: bang"):
         errors.raise_if_failing()
     never = TaskErrors(max_in_a_row=0)
     for seed in range(100):
-        never.failed("A-v0", seed, "step", RuntimeError("x"))
+        never.observe(episode("A-v0", seed, "RuntimeError: x", "step"))
     never.raise_if_failing()
+
+
+def test_engine_errors_are_counted_apart_from_the_task():
+    errors = TaskErrors(max_in_a_row=1)
+    errors.observe(episode("A-v0", 1, "EngineError: connection refused", "generate"))
+    errors.raise_if_failing()  # the engine failing is not the env's fault
+    assert errors.metrics() == {"engine_errors": 1}
 
 
 def test_ctrl_c_before_the_first_step_names_no_file_that_was_never_written(tmp_path):

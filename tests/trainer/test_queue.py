@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from envhub.trainer.queue import TrajectoryQueue
+from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
 
@@ -27,52 +28,52 @@ def make_group(rewards, version, group_id="g"):
 
 
 async def test_admission_enforces_max_staleness():
-    queue = TrajectoryQueue(groups_per_step=2, max_staleness=1)
+    queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(1))
     for _ in range(4):  # (0 + 1 + 1) * 2 groups may start at version 0
         await asyncio.wait_for(queue.admit(), 1)
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(queue.admit(), 0.05)
     for i in range(2):
         await queue.put(make_group([0.0, 1.0], version=0, group_id=str(i)))
-    batch, corrected = await queue.get_batch()
-    assert len(batch) == 2 and not corrected
+    batch = await queue.get_batch()
+    assert len(batch) == 2
     await queue.set_version(1)
     await asyncio.wait_for(queue.admit(), 1)  # a step frees two more slots
 
 
 async def test_sync_mode_admits_one_step_at_a_time():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=0)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0))
     await queue.admit()
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(queue.admit(), 0.05)
 
 
 async def test_stale_groups_are_dropped_or_corrected_and_counted():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=1)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(1))
     await queue.set_version(3)
     await queue.put(make_group([0.0, 1.0], version=1, group_id="old"))  # staleness 2 > 1
     await queue.put(make_group([0.0, 1.0], version=2, group_id="ok"))  # staleness 1
-    batch, corrected = await queue.get_batch()
-    assert [g[0].group_id for g in batch] == ["ok"] and not corrected
+    batch = await queue.get_batch()
+    assert [g[0].group_id for g in batch] == ["ok"] and queue.counters.corrected_stale == 0
     assert queue.counters.dropped_stale == 1
 
-    correcting = TrajectoryQueue(groups_per_step=1, max_staleness=0, stale="correct")
+    correcting = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0, "correct"))
     await correcting.set_version(2)
     await correcting.put(make_group([0.0, 1.0], version=1))
-    batch, corrected = await correcting.get_batch()
-    assert len(batch) == 1 and corrected and correcting.counters.corrected_stale == 1
+    batch = await correcting.get_batch()
+    assert len(batch) == 1 and correcting.counters.corrected_stale == 1
 
 
 async def test_zero_variance_groups_are_filtered_and_free_their_slot():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=0)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0))
     await queue.admit()
     await queue.put(make_group([1.0, 1.0, 1.0], version=0))
     assert queue.counters.filtered_zero_variance == 1 and queue.counters.accepted == 0
     await asyncio.wait_for(queue.admit(), 1)  # the filtered group's slot is free again
     await queue.put(make_group([1.0, 0.0, 1.0], version=0))
-    batch, _ = await queue.get_batch()
+    batch = await queue.get_batch()
     assert batch[0][1].reward == 0.0
-    unfiltered = TrajectoryQueue(groups_per_step=1, max_staleness=0, filter_zero_variance=False)
+    unfiltered = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0), filter_zero_variance=False)
     await unfiltered.put(make_group([1.0, 1.0], version=0))
     assert unfiltered.counters.accepted == 1
 
@@ -84,12 +85,12 @@ def timed(group, reasons):
 
 
 async def test_timed_out_episodes_leave_their_group_and_are_counted():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=0)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0))
     await queue.admit()
     await queue.put(
         timed(make_group([0.0, 1.0, 0.0, 1.0], version=0), ["terminated", "timeout", "terminated", "terminated"])
     )
-    batch, _ = await queue.get_batch()
+    batch = await queue.get_batch()
     assert [t.reward for t in batch[0]] == [0.0, 0.0, 1.0] and queue.counters.timed_out_episodes == 1
     await queue.set_version(1)
     await queue.admit()
@@ -99,15 +100,23 @@ async def test_timed_out_episodes_leave_their_group_and_are_counted():
 
 
 async def test_zero_variance_uses_a_tolerance():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=0, zero_variance_tol=1e-4)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0), zero_variance_tol=1e-4)
     await queue.put(make_group([0.5, 0.5 + 1e-6, 0.5], version=0))
     assert queue.counters.filtered_zero_variance == 1
 
 
+def replies(group, texts):
+    """`group` with each episode's reply tokens set (tokens 1, 2 are the prompt)."""
+    for t, reply in zip(group, texts):
+        t.input_ids, t.loss_mask = [1, 2, *reply], [0, 0, *[1] * len(reply)]
+        t.behavior_logprobs, t.versions = [0.0] * len(t.input_ids), [-1, -1, *[0] * len(reply)]
+    return group
+
+
 async def test_converged_only_at_max_reward_and_a_separate_stop_when_everything_fails():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=5, max_reward=1.0)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(5), max_reward=1.0)
     for _ in range(3):
-        await queue.put(make_group([0.0, 0.0], version=0))
+        await queue.put(replies(make_group([0.0, 0.0], version=0), [[5], [6, 7]]))  # different replies, both fail
     reason = queue.stop_reason(3)
     assert reason.startswith("no learning signal") and "every episode fails" in reason and "converged" not in reason
     await queue.put(make_group([0.0, 1.0], version=0))  # a group with signal resets both counts
@@ -117,8 +126,25 @@ async def test_converged_only_at_max_reward_and_a_separate_stop_when_everything_
     assert queue.stop_reason(3) is None and queue.stop_reason(2).startswith("converged")
 
 
+async def test_a_policy_collapsed_to_one_reply_is_named_with_its_reward_history():
+    queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(5), max_reward=1.0)
+    await queue.put(replies(make_group([0.3, 0.4], version=0), [[5], [6]]))  # the start: replies vary
+    await queue.put(replies(make_group([0.4, 0.4], version=0), [[5, 6], [6, 5]]))  # same reward, other replies
+    for _ in range(3):  # then every episode plays the same reply, whose reward is 2/3
+        await queue.put(replies(make_group([2 / 3] * 4, version=0), [[9, 9, 9]] * 4))
+    reason = queue.stop_reason(3)
+    assert reason.startswith("collapsed to one reply; reward 0.38 -> 0.67") and "every episode fails" not in reason
+    await queue.put(replies(make_group([0.5] * 2, version=0), [[9, 9], [8, 8]]))  # varied replies scored alike
+    await queue.put(replies(make_group([2 / 3] * 2, version=0), [[9, 9, 9]] * 2))
+    reason = queue.stop_reason(3)
+    assert (
+        reason.startswith("no learning signal; reward 0.38 -> 0.67")
+        and "the last 1 of them one reply throughout" in reason
+    )
+
+
 async def test_long_episode_with_fresh_tokens_is_kept_and_all_old_is_dropped():
-    queue = TrajectoryQueue(groups_per_step=1, max_staleness=1)
+    queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(1))
     await queue.set_version(5)
     long = make_group([0.0, 1.0], version=2)
     for traj in long:  # a multi-turn episode: first turn at version 2, last turn at version 5
@@ -130,5 +156,5 @@ async def test_long_episode_with_fresh_tokens_is_kept_and_all_old_is_dropped():
         )
     await queue.put(make_group([0.0, 1.0], version=2, group_id="old"))
     await queue.put(long)
-    batch, _ = await queue.get_batch()
-    assert batch == [long] and queue.counters.dropped_stale == 1 and queue.min_version() == 4
+    batch = await queue.get_batch()
+    assert batch == [long] and queue.counters.dropped_stale == 1 and queue.staleness.min_version(queue.version) == 4

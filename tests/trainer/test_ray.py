@@ -2,6 +2,9 @@
 retried."""
 
 import asyncio
+import json
+import os
+import textwrap
 
 import pytest
 
@@ -101,3 +104,63 @@ async def test_env_workers_pass_the_env_servers_token(local_ray, tmp_path, monke
         assert result.last_step == 1
     finally:
         stop()
+
+
+async def test_a_task_failing_on_every_ray_worker_stops_the_run_naming_task_and_error(local_ray, tmp_path, monkeypatch):
+    from envhub.trainer.task_errors import TaskFailing
+    from tests.conftest import start_server
+
+    running, stop = start_server(tokens=["ray-secret"])
+    monkeypatch.delenv("ENVHUB_TOKEN", raising=False)  # the actors have no token: every episode gets 401 at reset
+    try:
+        cfg = config_from_dict(
+            {
+                "model": {"name": "tiny"},
+                "tasks": [{"env": "Letters-v0", "remote": running.url}],
+                "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1, "max_task_errors": 4},
+                "algorithm": {"groups_per_step": 1, "lr": 0.01, "mode": "sync"},
+                "budget": {"steps": 1, "checkpoint_every": 10},
+                "out_dir": str(tmp_path),
+            }
+        )
+        with pytest.raises(TaskFailing) as caught:
+            await asyncio.wait_for(Trainer(cfg, ray=RayOptions(workers=1)).run(), 180)
+        assert str(caught.value).startswith("task Letters-v0: ") and "(at reset)" in str(caught.value)
+        assert "401" in str(caught.value) or "token" in str(caught.value)
+        assert (tmp_path / "episode_errors.jsonl").read_text().count('"stage": "reset"') >= 4
+    finally:
+        stop()
+
+
+async def test_env_workers_import_the_configs_imports(local_ray, tmp_path):
+    # an env that exists only in a file the driver imported: the workers must import the same file to play it
+    (tmp_path / "pid_env.py").write_text(
+        textwrap.dedent(
+            '''
+            import os
+
+            import envhub
+
+
+            class Pid(envhub.AgentEnv):
+                def reset(self, *, seed=None, options=None):
+                    _, info = super().reset(seed=seed)
+                    return "go", {**info, "pid": os.getpid()}
+
+                def step(self, action):
+                    return "done", 1.0, True, False, {}
+
+
+            def register_envs():
+                envhub.register("RayPidImport-v0", Pid)
+            '''
+        )
+    )
+    cfg = config(tmp_path / "run", env="RayPidImport-v0", steps=1)
+    cfg.imports = [str(tmp_path / "pid_env.py")]
+    trainer = Trainer(cfg, ray=RayOptions(workers=1))
+    result = await asyncio.wait_for(trainer.run(), 180)
+    assert result.last_step == 1 and trainer.rollouts.episodes_finished >= 4
+    records = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    pids = {r["env_info"]["pid"] for r in records if r["kind"] == "episode"}
+    assert pids and os.getpid() not in pids  # played in the worker process, not here

@@ -4,8 +4,9 @@ import asyncio
 
 import envhub
 from envhub.chat_tokens import ChatTokens
-from envhub.trainer.config import RolloutConfig
+from envhub.trainer.config import RolloutConfig, TaskConfig
 from envhub.trainer.rollout import RolloutWorker
+from envhub.trainer.rollout_sources import LocalRollouts
 
 
 def recording(engine_cls, model, tokenizer):
@@ -124,7 +125,8 @@ async def test_group_overprovisioning_keeps_first_finishers_and_cancels_the_rest
 
     engine = engine_cls(tiny_model, tokenizer)
     worker = RolloutWorker(engine, tokenizer, RolloutConfig(group_size=2, redundancy=1, max_new_tokens=3))
-    group = await asyncio.wait_for(worker.run_group(SlowOnSomeSeeds, "slow", seed=0, group_id="g0"), 4)
+    source = LocalRollouts(worker, {"slow": SlowOnSomeSeeds})
+    group = await asyncio.wait_for(source.play_group(TaskConfig(env="slow"), seed=0, group_id="g0"), 4)
     await engine.close()
     assert len(group) == 2 and worker.episodes_cancelled == 1
     assert all(env.closed for env in SlowOnSomeSeeds.instances)
@@ -144,7 +146,7 @@ async def test_watchdog_times_out_a_hung_episode_and_closes_its_env(engine_cls, 
             Hangs.closed = True
 
     engine = engine_cls(tiny_model, tokenizer)
-    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3, episode_timeout_s=0.5))
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3, episode_timeout_s=3.0))
     traj = await worker.run_episode(Hangs, "hang", seed=0)
     await engine.close()
     assert traj.finish_reason == "timeout" and traj.num_model_tokens > 0 and Hangs.closed

@@ -126,14 +126,14 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
-async def test_mean_reward_rises_clearly_within_a_minute(tmp_path):
+async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
     config = config_from_dict(
         {
             "model": {"name": "tiny"},
             "tasks": [{"env": "Letters-v0", "kwargs": {"letters": "aeiou"}}],
             "rollout": {"group_size": 8, "max_new_tokens": 6, "max_turns": 1, "concurrent_groups": 4},
             "algorithm": {"mode": "async", "groups_per_step": 4, "lr": 0.015, "max_staleness": 1},
-            "budget": {"steps": 40, "max_time_s": 55, "checkpoint_every": 1000},
+            "budget": {"steps": 40, "checkpoint_every": 1000},  # steps, not seconds: the machine may be slow
             "out_dir": str(tmp_path),
         }
     )
@@ -172,10 +172,10 @@ async def test_a_crash_mid_run_keeps_the_checkpoint_and_skips_the_final_evaluati
     )
     original_row = Trainer._row
 
-    def row_then_crash(self, step, *args):
-        if step == 2:
+    def row_then_crash(self, run, *args):
+        if run.step == 2:
             raise RuntimeError("metrics backend died")
-        return original_row(self, step, *args)
+        return original_row(self, run, *args)
 
     monkeypatch.setattr(Trainer, "_row", row_then_crash)
     with pytest.raises(RuntimeError, match="metrics backend died"):

@@ -37,9 +37,20 @@ def group_advantages(
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` over positions where `mask` is 1 (0 when the mask is empty)."""
+    """Mean of `values` over positions where `mask` is 1 (0 when the mask is empty; padding may hold inf / nan)."""
     mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    return (torch.where(mask > 0, values, torch.zeros_like(values)) * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# exp(20) ~ 5e8 (verl's bound): a log-ratio past it gives a finite weight and no gradient instead of inf / nan
+LOG_RATIO_BOUND = 20.0
+
+
+def log_ratio(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """log(p / q) from logprobs, clamped to +-LOG_RATIO_BOUND; NaN stays NaN, gradient included (the learner's
+    non-finite-gradient guard must see it)."""
+    diff = numerator - denominator
+    return torch.where(diff.isnan(), diff, diff.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -62,6 +73,9 @@ def policy_loss(
     kl_coef: float = 0.0,
 ) -> torch.Tensor:
     """Token-mean PPO-clip loss with clip-higher, optional decoupled IS correction and k3 KL.
+
+    The learner computes its loss with pg_variants.pg_token_loss; its default ("ppo") equals this function bit for
+    bit (tests/trainer/learner/test_pg_variants.py), which stays as that check's reference.
 
     ratio = exp(lp - anchor), anchor = behaviour logprobs (or `proximal_logprobs` when given);
     per-token loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A).

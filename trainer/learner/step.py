@@ -17,21 +17,17 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
-from envhub.trainer.learner.grpo import group_advantages, kl_k3, masked_mean, policy_loss
+from envhub.trainer.learner.grpo import group_advantages, loss_stats, masked_mean
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
+from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
 from envhub.trainer.learner.precision import Precision, cast_state, check_fp32_masters, resolve_precision
+from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
 
 class LogprobMismatch(ConfigError):
     """Behaviour logprobs from the engine disagree with the learner's recomputation."""
-
-
-def pick_device_dtype(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """(device, compute dtype): cuda + bf16 when a GPU is present (auto), else cpu + fp32."""
-    precision = resolve_precision(device, dtype)
-    return precision.device, precision.compute_dtype
 
 
 def sequence_logprobs(
@@ -88,6 +84,7 @@ class Learner:
         dist: Any = None,
     ) -> None:
         self.config = config
+        self.staleness = Staleness.from_config(config)
         self.learner_config = learner_config or LearnerConfig()
         self.temperature = temperature
         self.pad_id = pad_id
@@ -138,90 +135,28 @@ class Learner:
         """True when only LoRA adapters are trained."""
         return hasattr(self.model, "peft_config")
 
-    def step(
-        self, groups: list[list[Trajectory]], corrected: bool = False, *, min_version: int | None = None
-    ) -> dict[str, float]:
-        """One optimizer step on `groups`; tokens older than `min_version` are dropped or corrected
-        (algorithm.stale)."""
+    def step(self, groups: list[list[Trajectory]], version: int = 0) -> dict[str, float]:
+        """One optimizer step on `groups` while the engine serves `version`; stale tokens are weighed per token."""
         if self.dist is not None:
-            self.dist.command("step", groups, corrected, min_version)
-        return self.local_step(groups, corrected, min_version)
+            self.dist.command("step", groups, version)
+        return self.local_step(groups, version)
 
-    def local_step(self, groups: list[list[Trajectory]], corrected: bool, min_version: int | None) -> dict[str, float]:
+    def local_step(self, groups: list[list[Trajectory]], version: int) -> dict[str, float]:
         """This process's share of a step (every learner process runs it on the same groups)."""
         started = time.monotonic()
-        cfg = self.config
-        trajs = [t for g in groups for t in g]
-        advantages = torch.cat(
-            [
-                group_advantages(
-                    torch.tensor([t.reward for t in g]), len(g), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol
-                )
-                for g in groups
-            ]
-        )
-        plan = plan_micro_batches(
-            [len(t.input_ids) for t in trajs], cfg.max_tokens_per_micro_batch, cfg.micro_batch_size
-        )
-        batches = [micro_batch(trajs, advantages, rows, self.pad_id) for rows in plan]
-        stale_tokens = 0
-        for mb in batches:  # per token: a long episode loses only its old tokens, never the whole episode
-            stale = (
-                (mb.loss_mask > 0) & (mb.versions < min_version)
-                if min_version is not None
-                else torch.zeros_like(mb.loss_mask, dtype=torch.bool)
-            )
-            if corrected and min_version is None:
-                stale = mb.loss_mask > 0  # caller's whole-batch correction
-            stale_tokens += int(stale.sum())
-            if cfg.stale == "drop" and not (corrected and min_version is None):
-                mb.loss_mask = mb.loss_mask.masked_fill(stale, 0.0)
-                stale = torch.zeros_like(stale)
-            mb.stale = stale
+        batches, stale_tokens = self._micro_batches(groups, version)
         total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
-        world, rank = (self.dist.world, self.dist.rank) if self.dist is not None else (1, 0)
-        mine = batches[rank::world]
-        count = -(-len(batches) // world)
-        weights = [1.0] * len(mine) + [0.0] * (count - len(mine))
-        mine += [batches[-1]] * (count - len(mine))  # equal backward counts on every process; padding rows weigh 0
-
-        self.scorer.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        acc = torch.zeros(5, dtype=torch.float64)  # loss, clip fraction, kl, ratio, model tokens (all token-weighted)
-        for i, (mb, weight) in enumerate(zip(mine, weights)):
-            with self._sync(i == count - 1):
-                acc += self._micro_step(mb, weight, total_tokens, world)
-        if self.dist is not None:
-            acc = self.dist.all_reduce(acc)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.scorer.parameters(), cfg.grad_clip)
+        sums = self._backward(batches, total_tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.scorer.parameters(), self.config.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        kl = float(acc[2])
-        first, self.kl_checked = not self.kl_checked, True
-        if first and cfg.max_initial_kl > 0 and kl > cfg.max_initial_kl:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise LogprobMismatch(
-                f"first learner step: KL(behaviour || learner) = {kl:.4f} > algorithm.max_initial_kl = "
-                f"{cfg.max_initial_kl}; "
-                f"the engine's logprobs are not the learner's log_softmax(logits / {self.temperature})",
-                hint="likely causes: a different temperature convention, a server returning logprobs before "
-                "temperature "
-                "scaling, or a dtype mismatch between engine and learner",
-            )
-        skipped = not torch.isfinite(torch.tensor(grad_norm))
-        if skipped:  # a NaN/inf gradient would poison the weights and then the engine: skip the step, count it
-            self.skipped_steps += 1
-        else:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scorer.eval()
-        self.steps += 1
+        self._check_first_kl(float(sums[2]))
+        skipped = self._apply(grad_norm)
         return {
-            "loss": float(acc[0]),
+            "loss": float(sums[0]),
             "grad_norm": grad_norm,
-            "clip_fraction": float(acc[1]),
-            "kl_behavior": kl,
-            "mean_ratio": float(acc[3]),
+            "clip_fraction": float(sums[1]),
+            "kl_behavior": float(sums[2]),
+            "mean_ratio": float(sums[3]),
             "tokens": total_tokens,
             "padded_tokens": float(sum(mb.padded_tokens for mb in batches)),
             "micro_batches": float(len(batches)),
@@ -230,7 +165,71 @@ class Learner:
             "step_skipped": float(skipped),
             "skipped_steps": float(self.skipped_steps),
             "learner_s": time.monotonic() - started,
+            **{name: float(sums[5 + i]) for i, name in enumerate(pg_stat_names(self.config))},
         }
+
+    def _micro_batches(self, groups: list[list[Trajectory]], version: int) -> tuple[list[MicroBatch], int]:
+        """The step's token-budget micro-batches, with group advantages and each token's staleness applied."""
+        cfg = self.config
+        trajs = [t for g in groups for t in g]
+        rewards = [torch.tensor([t.reward for t in g]) for g in groups]
+        advantages = torch.cat(
+            [group_advantages(r, len(r), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol) for r in rewards]
+        )
+        lengths = [len(t.input_ids) for t in trajs]
+        plan = plan_micro_batches(lengths, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
+        batches = [micro_batch(trajs, advantages, rows, self.pad_id) for rows in plan]
+        stale_tokens = 0
+        for mb in batches:
+            stale = self.staleness.stale_tokens(mb.versions, mb.loss_mask, version)
+            stale_tokens += int(stale.sum())
+            if self.staleness.mode == "drop":
+                mb.loss_mask = mb.loss_mask.masked_fill(stale, 0.0)
+                stale = torch.zeros_like(stale)
+            mb.stale = stale
+        return batches, stale_tokens
+
+    def _backward(self, batches: list[MicroBatch], total_tokens: float) -> torch.Tensor:
+        """Gradients of this process's micro-batches; returns the token-weighted sums of the step's diagnostics."""
+        world, rank = (self.dist.world, self.dist.rank) if self.dist is not None else (1, 0)
+        mine = batches[rank::world]
+        count = -(-len(batches) // world)
+        weights = [1.0] * len(mine) + [0.0] * (count - len(mine))
+        mine += [batches[-1]] * (count - len(mine))  # equal backward counts on every process; padding rows weigh 0
+        self.scorer.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # loss, clip fraction, kl, ratio, model tokens, then the variant's and IS correction's diagnostics
+        sums = torch.zeros(5 + len(pg_stat_names(self.config)), dtype=torch.float64)
+        for i, (mb, weight) in enumerate(zip(mine, weights)):
+            with self._sync(i == count - 1):
+                sums += self._micro_step(mb, weight, total_tokens, world)
+        return self.dist.all_reduce(sums) if self.dist is not None else sums
+
+    def _check_first_kl(self, kl: float) -> None:
+        """On this process's first step, refuse to train when engine and learner disagree about logprobs."""
+        first, self.kl_checked = not self.kl_checked, True
+        if first and self.config.max_initial_kl > 0 and kl > self.config.max_initial_kl:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise LogprobMismatch(
+                f"first learner step: KL(behaviour || learner) = {kl:.4f} > algorithm.max_initial_kl = "
+                f"{self.config.max_initial_kl}; the engine's logprobs are not the learner's "
+                f"log_softmax(logits / {self.temperature})",
+                hint="likely causes: a different temperature convention, a server returning logprobs before "
+                "temperature scaling, or a dtype mismatch between engine and learner",
+            )
+
+    def _apply(self, grad_norm: float) -> bool:
+        """The optimizer step, skipped (and counted) when the gradient is not finite; True when skipped."""
+        skipped = not torch.isfinite(torch.tensor(grad_norm))
+        if skipped:  # a NaN/inf gradient would poison the weights and then the engine
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scorer.eval()
+        self.steps += 1
+        return skipped
 
     def _sync(self, last: bool) -> Any:
         import contextlib
@@ -250,36 +249,18 @@ class Learner:
             if self.reference is not None:
                 with torch.no_grad():
                     ref = self.reference(ids, attn, mask)
-        proximal = torch.where(stale, logprobs.detach(), behavior) if bool(stale.any()) else None
-        loss = policy_loss(
-            logprobs,
-            behavior,
-            mb.advantages.to(dev),
-            mask,
-            cfg.clip_low,
-            cfg.clip_high,
-            proximal_logprobs=proximal,
-            tis_cap=cfg.tis_cap if proximal is not None else None,
-            ref_logprobs=ref,
-            kl_coef=cfg.kl_coef,
+        per_token, stats = pg_token_loss(
+            logprobs, behavior, mb.advantages.to(dev), mask, cfg, stale=stale, ref_logprobs=ref
         )
+        loss = masked_mean(per_token, mask)
         share = float(mask.sum()) / total_tokens * weight  # token mean over the whole step, not per micro-batch
         if loss.requires_grad:
             (loss * share * world).backward()  # DDP / FSDP average gradients over processes: undo it
-        with torch.no_grad():
-            lp = logprobs.detach()
-            ratio = torch.exp(lp - behavior)
-            outside = ((ratio < 1.0 - cfg.clip_low) | (ratio > 1.0 + cfg.clip_high)).float()
-            return torch.tensor(
-                [
-                    float(loss.detach()) * share,
-                    float(masked_mean(outside, mask)) * share,
-                    float(masked_mean(kl_k3(lp, behavior), mask)) * share,
-                    float(masked_mean(ratio, mask)) * share,
-                    float(mask.sum()) * weight,
-                ],
-                dtype=torch.float64,
-            )
+        clip = loss_stats(logprobs.detach(), behavior, mask, cfg.clip_low, cfg.clip_high)
+        diagnostics = [float(loss.detach()), clip.clip_fraction, clip.approx_kl, clip.mean_ratio]
+        diagnostics = [x * share for x in diagnostics] + [float(mask.sum()) * weight]
+        diagnostics += [stats[name] * share for name in pg_stat_names(cfg)]  # the variant's and IS correction's
+        return torch.tensor(diagnostics, dtype=torch.float64)
 
     def engine_state(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Full weights for an engine in `dtype` (default: the engine dtype); LoRA adapters merged in."""

@@ -1,6 +1,5 @@
 """envhub envs served in OpenEnv's protocol (driven by OpenEnv's own client), and OpenEnvEnv on OpenEnv's own server."""
 
-import asyncio
 import socket
 import threading
 import time
@@ -9,12 +8,21 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import envhub
-from envhub.server.openenv_server import OpenEnvServer
+from tests.conftest import start_server
 
 pytest.importorskip("openenv.core.env_server", reason="needs openenv-core (pip install 'envhub[openenv]')")
 from openenv.core.env_server import Environment, create_app
-from openenv.core.env_server.types import Action, Observation, State
+from openenv.core.env_server.types import (
+    Action,
+    Observation,
+    State,
+    WSErrorResponse,
+    WSObservationResponse,
+    WSStateResponse,
+)
 from openenv.core.generic_client import GenericEnvClient
+
+OPENENV_REPLY = {"observation": WSObservationResponse, "state": WSStateResponse, "error": WSErrorResponse}
 
 
 def _free_port() -> int:
@@ -26,21 +34,9 @@ def _free_port() -> int:
 @pytest.fixture(params=[None])
 def envhub_openenv_server(request):
     """`envhub serve --protocol openenv` for Sokoban-v0 on 127.0.0.1, in a thread (param: the bearer token)."""
-    from aiohttp import web
-
-    port, loop = _free_port(), asyncio.new_event_loop()
-    runner = web.AppRunner(OpenEnvServer("Sokoban-v0", token=request.param).app())
-
-    async def start():
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    yield f"http://127.0.0.1:{port}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
+    running, stop = start_server("openenv", env_id="Sokoban-v0", tokens=[request.param] if request.param else [])
+    yield running.url
+    stop()
 
 
 class Counter(Environment):
@@ -114,7 +110,8 @@ def test_openenv_client_plays_an_envhub_env_over_ws(envhub_openenv_server):
 def test_openenv_http_routes_schema_health_and_stateless_reset(envhub_openenv_server):
     import requests
 
-    assert requests.get(envhub_openenv_server + "/health", timeout=10).json() == {"status": "healthy"}
+    health = requests.get(envhub_openenv_server + "/health", timeout=10).json()
+    assert health["status"] == "healthy" and {"sessions", "max_sessions", "reaped", "timed_out"} <= set(health)
     schema = requests.get(envhub_openenv_server + "/schema", timeout=10).json()
     assert schema["action"]["required"] == ["text"] and "text" in schema["observation"]["properties"]
     reply = requests.post(envhub_openenv_server + "/reset", json={"seed": 3}, timeout=10).json()
@@ -216,15 +213,18 @@ async def test_hostile_websocket_messages_get_errors_and_the_session_survives(en
 
         async def send(raw):
             await ws.send_str(raw)
-            return await ws.receive_json(timeout=10)
+            reply = await ws.receive_json(timeout=10)
+            OPENENV_REPLY[reply["type"]].model_validate(reply)  # OpenEnv's own models accept every reply
+            return reply
 
         assert (await send("{not json"))["data"]["code"] == "INVALID_JSON"
         assert (await send('{"type": "dance"}'))["data"]["code"] == "UNKNOWN_TYPE"
         assert "reset first" in (await send('{"type": "step", "data": {"text": "up"}}'))["data"]["message"]
         assert (await send('{"type": "reset", "data": {"seed": "x"}}'))["type"] == "error"
-        assert (await send('{"type": "reset", "data": {"seed": 1, "env_kwargs": {"size": 99}}}'))[
-            "type"
-        ] == "observation"
+        refused = await send('{"type": "reset", "data": {"seed": 1, "env_kwargs": {"size": 99}}}')
+        assert refused["data"]["code"] == "VALIDATION_ERROR" and "'env_kwargs'" in refused["data"]["message"]
+        assert (await send('{"type": "reset", "data": {"seed": 1}}'))["type"] == "observation"
+        assert (await send('{"type": "state"}'))["data"]["step_count"] == 0
         assert (await send('{"type": "step", "data": {"text": 5}}'))["type"] == "error"
         assert (await send('{"type": "step", "data": {"text": "up"}}'))["type"] == "observation"
         await ws.send_str("x" * (2 << 20))  # over the 1 MiB cap: the server closes this socket
@@ -263,3 +263,33 @@ async def test_envhub_train_runs_on_an_openenv_server_and_a_reasoning_gym_task(o
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     seen = {key for row in rows for key in row}
     assert {"reward/OpenEnv-v0", "reward/rg-basic_arithmetic-v0"} <= seen
+
+
+async def test_openenvs_own_client_meets_the_trust_layer():
+    """OpenEnv's GenericEnvClient is slowed to its rate, sees the trust layer's refusals as OpenEnv errors, and its
+    session survives them."""
+    from envhub.server.guard import ServerLimits
+
+    # 1 request/s, bursts of 2: the WebSocket upgrade and 4 messages cannot all be answered before 3 s, and all are
+    limited, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(rate_limit=1))
+    try:
+        started = time.monotonic()
+        async with GenericEnvClient(base_url=limited.url, connect_timeout_s=10) as env:
+            await env.reset(seed=3)
+            for _ in range(3):
+                await env.step({"text": "up"})
+        assert time.monotonic() - started >= 2.95
+    finally:
+        stop()
+    running, stop = start_server("openenv", env_id="Sokoban-v0", limits=ServerLimits(max_action_chars=100))
+    try:
+        async with GenericEnvClient(base_url=running.url, connect_timeout_s=10) as env:
+            with pytest.raises(RuntimeError, match="'dim'.*VALIDATION_ERROR"):  # env kwargs are the operator's
+                await env.reset(seed=3, dim=10)
+            first = await env.reset(seed=3)
+            assert first.observation["text"] == envhub.make("Sokoban-v0").reset(seed=3)[0]
+            with pytest.raises(RuntimeError, match="limit of 100.*VALIDATION_ERROR"):
+                await env.step({"text": "u" * 101})
+            assert (await env.step({"text": "up"})).observation["text"]
+    finally:
+        stop()

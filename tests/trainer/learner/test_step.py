@@ -115,8 +115,8 @@ def test_stale_tokens_are_masked_per_token_not_whole_episodes(tiny_model):
     for traj in (t for g in masked for t in g):
         traj.loss_mask = [int(m and v >= 2) for m, v in zip(traj.loss_mask, traj.versions)]
     twin = copy.deepcopy(tiny_model)
-    dropped = Learner(tiny_model, algo(stale="drop"), 1.0, 0).step(groups, min_version=2)
-    reference = Learner(twin, algo(stale="drop"), 1.0, 0).step(masked, min_version=2)
+    dropped = Learner(tiny_model, algo(stale="drop", max_staleness=1), 1.0, 0).step(groups, version=3)
+    reference = Learner(twin, algo(stale="drop", max_staleness=1), 1.0, 0).step(masked, version=3)
     stale = sum(1 for g in groups for t in g for m, v in zip(t.loss_mask, t.versions) if m and v < 2)
     assert dropped["stale_tokens"] == stale > 0 and dropped["tokens"] == reference["tokens"]
     for p, q in zip(tiny_model.parameters(), twin.parameters()):  # same tokens trained: same update
@@ -126,8 +126,8 @@ def test_stale_tokens_are_masked_per_token_not_whole_episodes(tiny_model):
 def test_correct_mode_weights_only_stale_tokens(tiny_model):
     groups = make_groups(tiny_model, version=3)
     groups[0][0].versions = [v if v < 0 else 1 for v in groups[0][0].versions]  # one stale episode
-    learner = Learner(tiny_model, algo(stale="correct"), 1.0, 0)
-    stats = learner.step(groups, min_version=2)
+    learner = Learner(tiny_model, algo(stale="correct", max_staleness=1), 1.0, 0)
+    stats = learner.step(groups, version=3)
     assert stats["stale_tokens"] == groups[0][0].num_model_tokens and stats["tokens"] == sum(
         t.num_model_tokens for g in groups for t in g
     )

@@ -4,10 +4,11 @@ import asyncio
 
 from envhub.trainer import train as train_module
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.rollout_sources import LocalRollouts
 
 
 async def test_crashing_groups_give_back_their_admission_slots(tmp_path, monkeypatch):
-    original = train_module.InProcessRollouts.run_group
+    original = LocalRollouts.play_group
     calls = []
 
     async def flaky(self, task, seed, group_id):
@@ -16,7 +17,7 @@ async def test_crashing_groups_give_back_their_admission_slots(tmp_path, monkeyp
             raise RuntimeError("env crashed")
         return await original(self, task, seed, group_id)
 
-    monkeypatch.setattr(train_module.InProcessRollouts, "run_group", flaky)
+    monkeypatch.setattr(LocalRollouts, "play_group", flaky)
     config = config_from_dict(
         {
             "model": {"name": "tiny"},

@@ -1,0 +1,214 @@
+"""Off-policy policy-gradient variants, each written as its equation, and the train-inference importance correction.
+
+Three policies meet at every model token t (logprobs [B, T], as in grpo.py):
+- mu, the behaviour policy: the engine's logprob of the sampled token (possibly an older version, engine numerics);
+- pi_prox, the proximal policy: the learner's recomputation before the update (no grad). envhub takes one optimizer
+  step per learner step, so in the learner pi_prox = sg(pi_theta) in value;
+- pi_theta, the current policy (with grad).
+A variant's ratio is r = pi_theta / anchor, where anchor = pi_prox on tokens given proximal logprobs and mu elsewhere
+(the engine's policy anchors the trust region). Tokens given pi_prox also carry the decoupled behaviour weight
+b = sg(min(pi_prox / mu, tis_cap)) (b = 1 elsewhere), so every variant is b * surrogate(r).
+Each variant returns the per-token loss [B, T] (0 off the mask) and named diagnostics (token means over the mask);
+the token mean over the whole step is the caller's. Equations, papers and defaults: docs/trainer.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from envhub.trainer.learner.grpo import kl_k3, log_ratio, masked_mean
+from envhub.trainer.learner.is_correction import CORRECTION_STATS, KL_STATS, behaviour_kl, importance_correction
+
+
+@dataclass(frozen=True)
+class PGParams:
+    """The variants' constants (defaults: the references' values, docs/trainer.md)."""
+
+    clip_low: float = 0.2  #: PPO / decoupled: ratio clip below 1
+    clip_high: float = 0.28  #: PPO / decoupled: ratio clip above 1 (clip-higher)
+    tis_cap: float = 2.0  #: truncation C of importance weights (TIS, and the behaviour weight b)
+    cispo_eps_low: float = 0.1  #: CISPO: weight clipped below at 1 - eps_low
+    cispo_eps_high: float = 0.1  #: CISPO: weight clipped above at 1 + eps_high
+    topr_positive_weight: float = 1.0  #: TOPR: scale of tokens with a positive advantage
+    topr_negative_weight: float = 1.0  #: TOPR: scale of tokens with a zero or negative advantage
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> PGParams:
+        """The constants of an AlgorithmConfig."""
+        return cls(**{name: getattr(cfg, name) for name in cls.__dataclass_fields__})
+
+
+Stats = dict[str, float]
+Variant = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, PGParams], tuple[torch.Tensor, Stats]
+]
+
+
+def trust_ratio(logprobs: torch.Tensor, behavior: torch.Tensor, proximal: torch.Tensor | None) -> torch.Tensor:
+    """r = pi_theta / anchor, anchor = pi_prox where given, else mu (with grad through pi_theta)."""
+    return torch.exp(log_ratio(logprobs, behavior if proximal is None else proximal))
+
+
+def behaviour_weight(behavior: torch.Tensor, proximal: torch.Tensor | None, cap: float) -> torch.Tensor | float:
+    """b = sg(min(pi_prox / mu, cap)) where proximal logprobs are given; exactly 1 without them."""
+    if proximal is None:
+        return 1.0
+    return torch.exp(log_ratio(proximal, behavior)).detach().clamp(max=cap)
+
+
+def per_token(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages [B] broadcast over tokens ([B, 1]); [B, T] unchanged."""
+    return advantages.unsqueeze(1) if advantages.ndim == 1 else advantages
+
+
+def on_mask(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The loss on model tokens, exactly 0 elsewhere (whatever padding held)."""
+    return torch.where(mask > 0, loss, torch.zeros_like(loss))
+
+
+@torch.no_grad()
+def fraction(condition: torch.Tensor, mask: torch.Tensor) -> float:
+    """Share of model tokens where `condition` holds."""
+    return float(masked_mean(condition.to(mask.dtype), mask))
+
+
+def clip_stats(name: str, ratio: torch.Tensor, low: float, high: float, mask: torch.Tensor) -> Stats:
+    """Fractions of model tokens whose ratio lies below `low` / above `high`."""
+    ratio = ratio.detach()
+    return {
+        f"{name}_clip_low_fraction": fraction(ratio < low, mask),
+        f"{name}_clip_high_fraction": fraction(ratio > high, mask),
+    }
+
+
+def ppo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """PPO-clip with clip-higher: -b * min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)."""
+    adv = per_token(advantages)
+    ratio = trust_ratio(logprobs, behavior, proximal)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - p.clip_low, 1.0 + p.clip_high) * adv
+    loss = -torch.minimum(unclipped, clipped) * behaviour_weight(behavior, proximal, p.tis_cap)
+    return on_mask(loss, mask), clip_stats("ppo", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
+
+
+def decoupled(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """Decoupled PPO (AReaL): -sg(min(pi_prox / mu, C)) * min(r A, clip(r) A), r = pi_theta / pi_prox."""
+    if proximal is None:
+        raise ValueError("decoupled PPO needs proximal logprobs (the learner's recomputation before the update)")
+    adv = per_token(advantages)
+    ratio = trust_ratio(logprobs, behavior, proximal)
+    clipped = torch.clamp(ratio, 1.0 - p.clip_low, 1.0 + p.clip_high) * adv
+    behaviour = torch.exp(log_ratio(proximal, behavior)).detach()
+    loss = -behaviour.clamp(max=p.tis_cap) * torch.minimum(ratio * adv, clipped)
+    stats = clip_stats("decoupled", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
+    stats["decoupled_weight_mean"] = float(masked_mean(behaviour.clamp(max=p.tis_cap), mask))
+    stats["decoupled_truncated_fraction"] = fraction(behaviour > p.tis_cap, mask)
+    return on_mask(loss, mask), stats
+
+
+def tis(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """Truncated importance sampling (Yao et al.): -sg(min(r, C)) * b * A * log pi_theta."""
+    adv = per_token(advantages)
+    ratio = trust_ratio(logprobs, behavior, proximal).detach()
+    weight = ratio.clamp(max=p.tis_cap) * behaviour_weight(behavior, proximal, p.tis_cap)
+    loss = -weight * adv * logprobs
+    stats = {
+        "tis_weight_mean": float(masked_mean(weight, mask)),
+        "tis_truncated_fraction": fraction(ratio > p.tis_cap, mask),
+    }
+    return on_mask(loss, mask), stats
+
+
+def cispo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) * b * A * log pi_theta; no token loses its
+    gradient."""
+    adv = per_token(advantages)
+    ratio = trust_ratio(logprobs, behavior, proximal).detach()
+    low, high = 1.0 - p.cispo_eps_low, 1.0 + p.cispo_eps_high
+    weight = ratio.clamp(low, high) * behaviour_weight(behavior, proximal, p.tis_cap)
+    loss = -weight * adv * logprobs
+    return on_mask(loss, mask), clip_stats("cispo", ratio, low, high, mask)
+
+
+def topr(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """TOPR (Le Roux et al.): A > 0 -> -A log pi_theta (no ratio); A <= 0 -> -sg(clip(r, 0, 1)) A log pi_theta;
+    times the set's scale and b."""
+    adv = per_token(advantages)
+    ratio = trust_ratio(logprobs, behavior, proximal).detach()
+    positive = (adv > 0).expand_as(ratio)
+    tapered = p.topr_negative_weight * ratio.clamp(0.0, 1.0)
+    weight = torch.where(positive, torch.full_like(ratio, p.topr_positive_weight), tapered)
+    loss = -weight * behaviour_weight(behavior, proximal, p.tis_cap) * adv * logprobs
+    stats = {
+        "topr_positive_fraction": fraction(positive, mask),
+        "topr_negative_truncated_fraction": fraction(~positive & (ratio > 1.0), mask),
+    }
+    return on_mask(loss, mask), stats
+
+
+PG_VARIANTS: dict[str, Variant] = {"ppo": ppo, "tis": tis, "cispo": cispo, "topr": topr, "decoupled": decoupled}
+#: the diagnostics each variant returns, in a fixed order (the learner sums them over micro-batches and processes)
+VARIANT_STATS: dict[str, tuple[str, ...]] = {
+    "ppo": ("ppo_clip_low_fraction", "ppo_clip_high_fraction"),
+    "tis": ("tis_weight_mean", "tis_truncated_fraction"),
+    "cispo": ("cispo_clip_low_fraction", "cispo_clip_high_fraction"),
+    "topr": ("topr_positive_fraction", "topr_negative_truncated_fraction"),
+    "decoupled": (
+        "decoupled_clip_low_fraction",
+        "decoupled_clip_high_fraction",
+        "decoupled_weight_mean",
+        "decoupled_truncated_fraction",
+    ),
+}
+
+
+def pg_stat_names(cfg: Any) -> tuple[str, ...]:
+    """Names of the diagnostics `pg_token_loss` returns under an AlgorithmConfig, in order."""
+    names = VARIANT_STATS[cfg.pg_variant] + KL_STATS
+    return names + CORRECTION_STATS if cfg.is_correction.level != "none" else names
+
+
+def pg_token_loss(
+    logprobs: torch.Tensor,
+    behavior: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: Any,
+    *,
+    stale: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """Per-token loss [B, T] of `cfg.pg_variant` with `cfg.is_correction` and the k3 KL term, and its diagnostics.
+
+    pi_prox is `logprobs.detach()`: the learner recomputes before its single update. It anchors the variant on
+    stale tokens (`stale`, algorithm.stale: correct), on every token for "decoupled", and, when the correction
+    weighs the loss, on every token with mu replaced by pi_prox (three policies: the variant's ratio is
+    pi_theta / pi_prox and the mismatch pi_prox / mu lives in the correction weight alone, never twice).
+    """
+    recomputed = logprobs.detach()
+    spec = cfg.is_correction
+    weighs = spec.level != "none" and spec.apply_weight
+    variant_behavior, proximal = behavior, None
+    if weighs:
+        variant_behavior, proximal = recomputed, recomputed
+    elif cfg.pg_variant == "decoupled":
+        proximal = recomputed
+    elif stale is not None and bool(stale.any()):
+        proximal = torch.where(stale, recomputed, behavior)
+    loss, stats = PG_VARIANTS[cfg.pg_variant](
+        logprobs, variant_behavior, proximal, advantages, mask, PGParams.from_config(cfg)
+    )
+    stats.update(behaviour_kl(recomputed, behavior, mask))
+    if spec.level != "none":
+        weight, keep, correction = importance_correction(
+            recomputed, behavior, mask, spec.level, spec.cap, spec.mask_low, spec.mask_high
+        )
+        loss = loss * (weight if weighs else 1.0) * keep
+        stats.update(correction)
+    if ref_logprobs is not None and cfg.kl_coef:
+        loss = loss + cfg.kl_coef * kl_k3(logprobs, ref_logprobs)
+    return loss, stats
