@@ -54,6 +54,11 @@ class EngineConfig:
     max_batch_size: int = 16  #: requests the local engine batches together
     prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
+    dtype: Literal["auto", "float32", "bfloat16"] = (
+        "auto"  #: local engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX) and with a bf16 learner; else fp32
+    )
+    kv_cache_mb: float = 2048.0  #: local engine: KV cache budget; requests queue when it is full
+    cuda_graphs: bool = True  #: local engine on CUDA: replay decode steps from captured CUDA graphs
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
         "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
     )
