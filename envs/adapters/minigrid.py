@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import warnings
 from typing import Any, ClassVar
@@ -126,7 +127,7 @@ class MiniGridEnv(AgentEnv):
         import gymnasium
         import minigrid  # noqa: F401  (registers MiniGrid's ids with gymnasium)
 
-        if "-WFC-" in gym_id:
+        if "-WFC-" in gym_id:  # also when made directly, not through envhub.make (which checks `requires`)
             raise AdapterUnavailable(
                 f"minigrid {installed_version('minigrid')} cannot run {gym_id}: its wheel lacks the WFC pattern files",
                 hint="pick another minigrid- id",
@@ -251,8 +252,12 @@ def _record(gymnasium: Any, gym_id: str, newest: dict[str, int]) -> dict[str, An
             env.reset(seed=0)
             record["mission"] = str(env.unwrapped.mission)[:120]
     except Exception as exc:  # WFC ids: pattern files missing from the 3.2.0 wheel
-        message = " ".join(str(exc).split())[:160]
-        record["requires"] = [f"broken:minigrid {installed_version('minigrid')} cannot build it ({message})"]
+        version = installed_version("minigrid")
+        if isinstance(exc, FileNotFoundError) and exc.filename:
+            why = f"minigrid {version}'s wheel lacks {os.path.basename(exc.filename)}, which it needs"
+        else:
+            why = f"minigrid {version} cannot build it ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        record["requires"] = [f"broken:{why}"]
     return record
 
 

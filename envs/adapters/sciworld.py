@@ -28,8 +28,10 @@ to install a JRE.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import threading
+from collections import Counter
 from typing import Any, ClassVar
 
 from envhub.core import AgentEnv, UnicodeText
@@ -62,6 +64,29 @@ SYSTEM_PROMPT = (
     "them. 'focus on OBJ' tells the task which object you mean: focusing on the wrong one fails the task. "
     'You may also call the tool: <tool_call>{{"name": "act", "arguments": {{"action": "look around"}}}}</tool_call>.'
 )
+
+
+def canonical(text: str) -> str:
+    """ScienceWorld's text with each run of tab-indented object lines in sorted order.
+
+    The simulator lists a room's objects in an order that changes from one load of a variation to the
+    next (hash order inside the JVM), so the same seed would not always give the same text; sorting the
+    listed lines (each with its deeper-indented lines) makes it reproducible and changes nothing else.
+    """
+    out: list[str] = []
+    groups: list[list[str]] = []
+    for line in text.split("\n"):
+        if line.startswith("\t\t") and groups:
+            groups[-1].append(line)
+            continue
+        if line.startswith("\t"):
+            groups.append([line])
+            continue
+        out += [entry for group in sorted(groups) for entry in group]
+        groups = []
+        out.append(line)
+    out += [entry for group in sorted(groups) for entry in group]
+    return "\n".join(out)
 
 
 class _Runtime:
@@ -190,7 +215,7 @@ class SciWorldEnv(AgentEnv):
         except Exception as exc:
             raise upstream(f"ScienceWorld's {self.task}", FAMILY.distribution, exc) from None
         self.steps, self.score, self._done = 0, 0, False
-        self._last = f"{task.strip()}\n\n{look.strip()}\n\n{inventory.strip()}"[-TEXT_LENGTH:]
+        self._last = canonical(f"{task.strip()}\n\n{look.strip()}\n\n{inventory.strip()}")[-TEXT_LENGTH:]
         return self._last
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -210,7 +235,7 @@ class SciWorldEnv(AgentEnv):
         terminated = completed or score < 0 or score >= 100
         truncated = not terminated and self.steps >= self.max_steps
         self._done = terminated or truncated
-        self._last = str(observation)[-TEXT_LENGTH:]
+        self._last = canonical(str(observation))[-TEXT_LENGTH:]
         if score < 0:
             self._last += "\n\nThat ended the task: it failed."
         return self._last, (max(score, 0) - before) / 100, terminated, truncated, self._info()
@@ -224,9 +249,38 @@ class SciWorldEnv(AgentEnv):
             "legal_actions": [],
         }
         if self.list_legal and not self._done:
-            valid = self.server.getValidActionObjectCombinations()
-            info["legal_actions"] = [str(a) for a in valid if str(a) not in NOT_LEGAL]
+            info["legal_actions"] = self.legal_actions()
         return info
+
+    def legal_actions(self) -> list[str]:
+        """The valid action-object combinations of the moment, each object named the same way every time.
+
+        ScienceWorld's own list names objects by a referent it picks at random among each object's names
+        ("red paint in cup" or "paint in wood cup"), so the same state would give different lists; here each
+        object is named by its shortest name no other object has (else its longest), and the list is sorted.
+        Doors have no names in the simulator's table: each gets the longest name the simulator used for it.
+        """
+        server = self.server
+        templates = {t["template_id"]: t["action_example"] for t in json.loads(server.getPossibleActionsWithIDs())}
+        objects = json.loads(server.getAllObjectIdsTypesReferentsLUTJSON())
+        counts = Counter(name for entry in objects.values() for name in set(entry["referents"]))
+        names = {int(k): _canonical_name(v["referents"], counts) for k, v in objects.items()}
+        valid = [
+            (templates[v["template_id"]].split("OBJ"), [int(o) for o in v["obj_ids"]], str(v["action"]))
+            for v in json.loads(server.getValidActionObjectCombinationsJSON())["validActions"]
+            if v["template_id"] in templates and len(templates[v["template_id"]].split("OBJ")) == len(v["obj_ids"]) + 1
+        ]
+        for parts, ids, said in valid:  # learn the doors' names from the simulator's own words
+            unnamed = [o for o in ids if not names.get(o)]
+            if len(unnamed) == 1 and len(ids) == 1 and said.startswith(parts[0]) and said.endswith(parts[1]):
+                heard = said[len(parts[0]) : len(said) - len(parts[1]) or None]
+                names[-unnamed[0]] = max(names.get(-unnamed[0], ""), heard, key=lambda r: (len(r), r))
+        actions = set()
+        for parts, ids, _ in valid:
+            chosen = [names.get(o) or names.get(-o, "") for o in ids]
+            if all(chosen):
+                actions.add(parts[0] + "".join(name + rest for name, rest in zip(chosen, parts[1:])))
+        return sorted(actions - set(NOT_LEGAL))
 
     def oracle_action(self) -> str | None:
         """The next action of the variation's gold path, or None once the agent has left it."""
@@ -247,6 +301,12 @@ class SciWorldEnv(AgentEnv):
         """Release this env's simulator (the JVM stays for the process's other envs)."""
         self._done, self._loaded = True, None
         self.server = None
+
+
+def _canonical_name(referents: list[str], counts: Counter[str]) -> str:
+    usable = [r for r in referents if r and "ERROR" not in r]  # portals (doors) carry a placeholder here
+    unique = sorted((r for r in usable if counts[r] == 1), key=lambda r: (len(r), r))
+    return unique[0] if unique else max(usable, key=lambda r: (len(r), r), default="")
 
 
 def _catalogue() -> list[dict[str, Any]]:

@@ -131,6 +131,7 @@ def game_path(challenge: str, settings: dict[str, Any], seed: int) -> Path:
 
 
 _PROMPT_LINE = re.compile(r"\n*>[^\n]*$")  # Frotz's prompt and status line ("> ... -= Studio =-0/2")
+_UNTYPABLE = re.compile(r"[^ -\[\]-~]")  # Frotz reads printable ASCII, and takes a backslash as an escape
 _BLANK_LINES = re.compile(r"\n{3,}")
 
 
@@ -204,12 +205,12 @@ class TextWorldEnv(AgentEnv):
         objective = str(self.state.objective or "").strip()
         text = _strip_banner(str(self.state.feedback), objective)
         self._last = (f"Objective: {objective}\n\n" if objective else "") + text
-        return self._last, self.base_info(game_seed=game_seed, settings=self.settings, **self._info())
+        return self._last, self.base_info(game_seed=game_seed, settings=dict(self.settings), **self._info())
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise ResetNeeded(f"the {self.record['id']} episode is over", hint="call reset() to start a new one")
-        command = command_text(action)[:500]
+        command = _UNTYPABLE.sub(" ", command_text(action))[:500].strip()
         before = self._score()
         try:
             self.state, _, _ = self.game.step(command)
