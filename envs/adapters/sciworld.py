@@ -168,6 +168,7 @@ class SciWorldEnv(AgentEnv):
         splits = self._splits()
         if variation is not None and variation not in range(self.server.getTaskMaxVariations(task)):
             raise ConfigError(f"{task} has no variation {variation}", hint=f"variations: 0-{sum(map(len, splits)) - 1}")
+        self._check_simplifications()
         templates = ", ".join(t for t in self.server.getPossibleActions() if t not in NOT_LEGAL)
         self.system_prompt = SYSTEM_PROMPT.format(templates=templates)
         self.current = -1
@@ -175,6 +176,18 @@ class SciWorldEnv(AgentEnv):
         self.gold: list[str] = []
         self.on_gold_path = False
         self._done, self._last = True, ""
+
+    def _check_simplifications(self) -> None:
+        """ScienceWorld's Python wrapper checks these; the simulator itself ignores names it does not know."""
+        known = ["easy", *str(self.server.getPossibleSimplifications()).split(", ")]
+        wrong = [s for s in self.simplifications.split(",") if s and s not in known]
+        if wrong:
+            raise ConfigError(
+                f"unknown ScienceWorld simplification {wrong[0]!r}", hint=f"use any of {', '.join(known)}"
+            )
+        electrical = "power-component" in self.task or "conductivity" in self.task
+        if electrical and "noElectricalAction" in self.simplifications:
+            raise ConfigError(f"{self.task} needs electrical actions; drop noElectricalAction from the simplifications")
 
     def _splits(self) -> list[list[int]]:
         if self.task not in _SPLITS:

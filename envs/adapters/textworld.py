@@ -34,6 +34,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -197,8 +198,10 @@ class TextWorldEnv(AgentEnv):
                 extras=["walkthrough"],
             )
             self.close()
-            self.game = textworld.start(str(path), request_infos=infos)
-            self.state = self.game.reset()
+            with warnings.catch_warnings():  # jericho: "not fully supported" (TextWorld keeps the score itself)
+                warnings.simplefilter("ignore")
+                self.game = textworld.start(str(path), request_infos=infos)
+                self.state = self.game.reset()
         except Exception as exc:
             raise upstream(f"TextWorld's {self.challenge}", FAMILY.distribution, exc) from None
         self.steps, self.taken, self._done = 0, [], False
