@@ -123,7 +123,8 @@ def game_path(challenge: str, settings: dict[str, Any], seed: int) -> Path:
         options.seeds = seed
         options.path = scratch + "/"  # TextWorld's default is ./tw_games/ in the working directory
         options.file_ext = ".z8"
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # jericho, replaying the walkthrough while compiling: "not fully supported"
             game = CHALLENGES[challenge][1](dict(settings), options)
             made = Path(textworld.generator.compile_game(game, options))
         os.replace(made.with_suffix(".json"), path.with_suffix(".json"))  # the .z8 last: its presence means done
