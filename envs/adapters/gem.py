@@ -14,7 +14,9 @@ system prompt and tools envhub rollouts expect.
 
 from __future__ import annotations
 
+import random
 import re
+import zlib
 from typing import Any, ClassVar
 
 from envhub.core import AgentEnv, UnicodeText
@@ -99,7 +101,8 @@ class GemEnv(AgentEnv):
         self._done = False
         self._last = str(observation)[-TEXT_LENGTH:]
         return self._last, self.base_info(
-            **{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")}
+            **{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")},
+            legal_actions=self.legal_actions(),
         )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -115,8 +118,30 @@ class GemEnv(AgentEnv):
         self._last = str(observation)[-TEXT_LENGTH:]
         # GEM's one-answer envs report terminated and truncated together; the answer was graded, so the episode
         # terminated (gymnasium treats truncated as a cut, which bootstrapping would read wrongly)
-        info = {**(info or {}), "gem_truncated": bool(truncated)}
+        info = {**(info or {}), "gem_truncated": bool(truncated), "legal_actions": self.legal_actions()}
         return self._last, float(reward), bool(terminated), bool(truncated) and not terminated, info
+
+    def legal_actions(self, samples: int = 32) -> list[str]:
+        """Well-formed actions for the current state ([] when GEM has no notion of them): a game's own action
+        list when it keeps one (Sokoban's directions), else distinct draws of GEM's `sample_random_action()`
+        (seeded by the observation, so the same state gives the same list)."""
+        if self._done:
+            return []
+        game = getattr(self.env, "unwrapped", self.env)
+        listed = getattr(game, "action_space", None)
+        if isinstance(listed, (list, tuple)) and listed and all(isinstance(a, str) for a in listed):
+            return [f"\\boxed{{{a}}}" for a in listed]
+        if not hasattr(game, "sample_random_action"):
+            return []
+        state = random.getstate()  # GEM draws from the global `random`: leave the caller's stream as it was
+        random.seed(zlib.crc32(self._last.encode()))
+        try:
+            drawn = [str(game.sample_random_action()) for _ in range(samples)]
+        except Exception:  # a game that cannot sample in this state
+            drawn = []
+        finally:
+            random.setstate(state)
+        return sorted(set(drawn))
 
     def render_text(self) -> str:
         return self._last
