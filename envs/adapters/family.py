@@ -163,7 +163,8 @@ def family_catalogue(family: Family, version: str, build: Callable[[], list[dict
     `build` imports the package and lists its registry; each record is a plain JSON dict the
     adapter turns into `envhub.register` calls.
     """
-    path = _cache_dir() / f"{family.extra}-{version}.json"
+    # the format in the name: envhub installs of different formats sharing one cache do not rewrite each other's
+    path = _cache_dir() / f"{family.extra}-{version}-f{CACHE_FORMAT}.json"
     try:
         cached = json.loads(path.read_text())
         if cached.get("format") == CACHE_FORMAT and cached.get("version") == version:
