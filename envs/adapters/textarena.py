@@ -43,7 +43,7 @@ from envhub.envs.adapters.family import (
     require,
     upstream,
 )
-from envhub.envs.adapters.textarena_moves import legal_moves, variants
+from envhub.envs.adapters.textarena_moves import legal_moves, listed_moves, variants
 from envhub.errors import ConfigError, ResetNeeded
 
 FAMILY = Family(
@@ -334,13 +334,13 @@ class TextArenaGame(TextRender, AECEnv):
         return self._texts.get(self.possible_agents[seat], "")
 
     def legal_moves(self, tries: int = 40) -> list[str]:
-        """Moves the current player can make, as the game wants them written: those its observation offers
-        (`textarena_moves`), and moves of the same form, each tried on a copy of the game and kept if the game
-        accepts it. [] when the observation shows no move at all."""
+        """Moves the current player can make, as the game wants them written: the list of open moves its observation
+        gives, else the moves it shows by example and more of the same form (`textarena_moves`), each tried on a
+        copy of the game and kept if the game accepts it. [] when the observation shows no move at all."""
         text = self._texts.get(self.agent_selection, "")
         offered = legal_moves(text)
-        if not offered or self._result is not None:
-            return offered
+        if not offered or self._result is not None or listed_moves(text):
+            return offered  # a game listing its open moves is taken at its word (no trials: SelfPlay stays cheap)
         rng = random.Random(zlib.crc32(text.encode()))  # the same position gives the same list
         accepted: list[str] = []
         tried: set[str] = set()

@@ -43,6 +43,11 @@ def legal_moves(text: str) -> list[str]:
     return []
 
 
+def listed_moves(text: str) -> list[str]:
+    """The moves of the last line of `text` that lists the open moves ("Available Moves: ..."); [] when none does."""
+    return _listed(text[-_TAIL:])
+
+
 def _listed(tail: str) -> list[str]:
     """The moves of the last line that lists them (and the lines under it, when it ends in a colon)."""
     matches = list(_LIST_LINE.finditer(tail))
