@@ -8,6 +8,7 @@ A spec's `requires` is a tuple of plain strings, so adapters can keep them in th
 | `java` | a `java` binary is on PATH (ScienceWorld's simulator runs in a JVM) |
 | `platform:<machine>` | `platform.machine()` is that (`platform:x86_64`: TextWorld's bundled Inform 7 compilers) |
 | `python>=3.12` | the interpreter is at least that version |
+| `hf-dataset:<name>` | the Hugging Face dataset is in the local hub cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`) |
 | `network:<service>` | never: the env calls a hosted service, and envhub makes no network calls at run time |
 | `download:<what>` | never: the env downloads data at run time, which envhub does not do |
 | `broken:<why>` | never: the installed package cannot run this env (e.g. files missing from its wheel) |
@@ -20,6 +21,7 @@ somewhere inside the other package.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import shutil
 import sys
@@ -30,6 +32,7 @@ _HINTS = {
     "java": "install a Java runtime: apt-get install default-jre-headless",
     "platform": "run it on a {arg} machine",
     "python": "run it with a newer Python",
+    "hf-dataset": "fetch it once where the internet is reachable: huggingface-cli download --repo-type dataset {arg}",
     "network": "pick another env",
     "download": "pick another env",
     "broken": "pick another env",
@@ -47,6 +50,8 @@ def problem(requirement: str) -> str:
     if kind == "platform":
         machine = platform.machine()
         return "" if machine == arg else f"needs a {arg} machine (this is {machine})"
+    if kind == "hf-dataset":
+        return "" if _hf_cached(arg) else f"needs the Hugging Face dataset {arg!r}, which is not in the local cache"
     if requirement.startswith("python>="):
         wanted = tuple(int(x) for x in requirement.removeprefix("python>=").split("."))
         here = ".".join(map(str, sys.version_info[:2]))
@@ -80,6 +85,13 @@ def unavailable(spec: Any) -> str:
     """Why the env of `spec` cannot run here ("" when it can)."""
     found = unmet(getattr(spec, "requires", ()))
     return found[0] if found else ""
+
+
+def _hf_cached(name: str) -> bool:
+    """Whether the Hugging Face hub cache holds dataset `name` (envhub never fetches it)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    return os.path.isdir(os.path.join(hub, "datasets--" + name.replace("/", "--")))
 
 
 def _nltk_problem(resource: str) -> str:

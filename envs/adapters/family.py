@@ -26,7 +26,7 @@ from typing import Any
 from envhub.errors import EnvhubError, EnvUnavailable
 from envhub.tools import tool
 
-CACHE_FORMAT = 3  # 2: records may carry `requires` (envhub.availability); 3: ta- records name broken games
+CACHE_FORMAT = 4  # 2: records may carry `requires` (envhub.availability); 3: ta- broken games; 4: gem- needs
 
 
 class AdapterUnavailable(EnvUnavailable):

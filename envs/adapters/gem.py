@@ -14,9 +14,11 @@ system prompt and tools envhub rollouts expect.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 import zlib
+from pathlib import Path
 from typing import Any, ClassVar
 
 from envhub.core import AgentEnv, UnicodeText
@@ -160,8 +162,28 @@ def _catalogue() -> list[dict[str, Any]]:
             if isinstance(spec.entry_point, str)
             else f"{spec.entry_point.__module__}:{spec.entry_point.__qualname__}"
         )
-        records.append({"gem_id": gem_id, "id": envhub_id(gem_id), "kind": kind, "entry_point": entry})
+        records.append(
+            {"gem_id": gem_id, "id": envhub_id(gem_id), "kind": kind, "entry_point": entry, "needs": _needs(spec)}
+        )
     return records
+
+
+def _needs(spec: Any) -> list[str]:
+    """What a GEM env needs from outside (`envhub.availability`): its Hugging Face dataset, NLTK's word list."""
+    needs = []
+    dataset = (spec.kwargs or {}).get("dataset_name")
+    if isinstance(dataset, str) and dataset:
+        needs.append(f"hf-dataset:{dataset}")
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
+    try:  # read the env's module without importing it
+        found = importlib.util.find_spec(entry.split(":")[0])
+    except (ImportError, ValueError):
+        found = None
+    origin = getattr(found, "origin", None)
+    source = Path(origin).read_text(errors="replace") if origin and origin.endswith(".py") else ""
+    if "nltk" in source:  # Wordle, Hangman, WordSearch draw words from NLTK's corpus
+        needs.append("nltk:words")
+    return needs
 
 
 def _register(record: dict[str, Any]) -> str:
@@ -173,6 +195,7 @@ def _register(record: dict[str, Any]) -> str:
         kwargs={"gem_id": record["gem_id"]},
         max_episode_steps=200,
         tags=("gem", record["kind"], "single-agent"),
+        requires=tuple(record.get("needs", ())),
         description=f"GEM {record['gem_id']} ({record['entry_point'].split(':')[-1]})",
         source=FAMILY.distribution,
     )
