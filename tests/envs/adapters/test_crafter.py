@@ -39,6 +39,7 @@ def test_every_id_passes_check_env(env_id):
         check_env(envhub.make(env_id).unwrapped, skip_render_check=True)
 
 
+@pytest.mark.slow  # three fresh interpreters, each building a world (52 s on the loaded 2-core machine)
 def test_the_same_seed_and_actions_give_the_same_episode_in_every_process():
     """crafter 1.8.3 orders creatures by memory address when it despawns one; the env's order does not depend on it."""
     runs = []
