@@ -46,6 +46,12 @@ class Agent:
     async def aclose(self) -> None:
         """Release what the agent holds (HTTP clients)."""
 
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 class RandomAgent(Agent):
     """Random legal actions: one of the env's `info["legal_actions"]` (the contract in docs/authoring.md) or a
