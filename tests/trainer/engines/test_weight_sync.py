@@ -34,16 +34,20 @@ async def test_plain_update_waits_for_requests_in_flight(served, tokenizer, tmp_
     engine, server = served
     tiny_llama(tokenizer, seed=3).save_pretrained(tmp_path / "v1")
     client = SGLangEngine(server.url, pause_mode="none")
+    finished: list[str] = []  # completion order: no timing assumption (a fast engine ends `first` in 0.1 s)
     first = asyncio.create_task(client.generate([1, 2, 3], LONG))
+    first.add_done_callback(lambda _: finished.append("first"))
     await _running(engine)
     update = asyncio.create_task(client.update_weights(str(tmp_path / "v1"), version=1))
+    update.add_done_callback(lambda _: finished.append("update"))
     while not server.runner.app[STATE_KEY].gate.updating:
         await asyncio.sleep(0.005)
     late = asyncio.create_task(client.generate([4, 5], SamplingParams(max_new_tokens=3)))
-    await asyncio.sleep(0.3)
-    assert not update.done() and not late.done()  # the update waits for `first`; `late` queues behind the update
+    late.add_done_callback(lambda _: finished.append("late"))
     result = await first
     await update
+    await late
+    assert finished == ["first", "update", "late"]  # the update waits for `first`; `late` queues behind the update
     assert set(result.token_versions) == {0} and len(result.output_ids) == 150
     assert set((await late).token_versions) == {1}
     await client.close()
