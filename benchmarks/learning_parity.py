@@ -43,7 +43,7 @@ import yaml
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import TrainConfig, config_from_dict
-from envhub.trainer.train import Trainer
+from envhub.trainer.train import Trainer, learner_stat
 
 MODES = ("sync", "async")
 VARIANTS = ("ppo", "tis", "cispo", "topr", "decoupled")
@@ -116,8 +116,9 @@ def build_config(
 
 
 def history_mean(history: list[dict[str, Any]], key: str) -> float:
-    """Mean of one per-step metric over the run (0 when no step logged it)."""
-    values = [row[key] for row in history if isinstance(row.get(key), (int, float))]
+    """Mean of one per-step metric over the run: a row field, else a learner statistic (0 when none logged it)."""
+    values = [row.get(key, learner_stat(row, key, None)) for row in history]
+    values = [v for v in values if isinstance(v, (int, float))]
     return sum(values) / len(values) if values else 0.0
 
 
@@ -141,8 +142,8 @@ async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
         "per_task_after": {task: row["after"] for task, row in report.items() if task != "overall"},
         "last_batch_reward": last.get("batch_reward"),
         "mean_staleness": history_mean(result.history, "staleness"),
-        "mean_clip_fraction": history_mean(result.history, "learner/clip_fraction"),
-        "mean_kl_behavior": history_mean(result.history, "learner/kl_behavior"),
+        "mean_clip_fraction": history_mean(result.history, "clip_fraction"),
+        "mean_kl_behavior": history_mean(result.history, "kl_behavior"),
         "batch_reward_by_step": [round(r.get("batch_reward", 0.0), 4) for r in result.history],
     }
 
