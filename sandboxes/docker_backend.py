@@ -106,6 +106,7 @@ class DockerSandbox(Sandbox):
                 mem_limit=f"{limits.memory_mb}m",
                 memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(limits.cpus * 1e9),
+                cpuset_cpus=limits.cpuset or None,
                 pids_limit=limits.pids,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
@@ -128,6 +129,11 @@ class DockerSandbox(Sandbox):
         except docker.errors.APIError as exc:
             raise SandboxError(
                 f"cannot start a sandbox container: {exc.explanation or exc}", hint="check `docker info`"
+            ) from None
+        except OSError as exc:  # the SDK's connection errors (requests') while the daemon is down or restarting
+            raise SandboxError(
+                f"Docker engine not reachable while starting a sandbox ({type(exc).__name__})",
+                hint="check `docker info`; the pool rebuilds its spares once the daemon answers again",
             ) from None
         return container.id
 
@@ -176,6 +182,11 @@ class DockerSandbox(Sandbox):
         # A fork bomb can leave no pid free for `kill`: stop the whole container instead.
         self.dead = True
         await asyncio.to_thread(self._remove)
+
+    async def running(self) -> bool:
+        """Whether the container still runs (one GET over the engine socket: a restarted Docker daemon stops
+        every container, and a stopped one must not be handed out)."""
+        return self.container_id is not None and not self.dead and await self._api.container_running(self.container_id)
 
     async def reset(self) -> None:
         """Kill every sandbox process, then empty /workspace and /tmp."""

@@ -104,3 +104,23 @@ async def test_ignore_eos_and_min_new_tokens_in_the_engine(tiny_model, tokenizer
     assert stopped.output_ids == [first] and stopped.finish_reason == "stop"
     assert len(ignored.output_ids) == 6 and ignored.output_ids[0] == first
     assert held.output_ids[0] != first and len(held.output_ids) >= 3
+
+
+async def test_a_body_trickled_past_the_deadline_is_a_408_and_others_are_served(engine):
+    server = await start_engine_server(engine, body_timeout_s=1.0)
+    host, port = server.url.removeprefix("http://").split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()  # then nothing more: the handler must not wait for the rest forever
+        status, _ = await post(
+            server.url, "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+        )
+        assert status == 200  # meanwhile another client is served
+        head = await asyncio.wait_for(reader.readline(), 60)
+        assert b" 408 " in head, head
+        writer.close()
+    finally:
+        await server.stop()
