@@ -1,15 +1,24 @@
 """Does async GRPO learn as well as sync? The same config trained in both modes for the same steps, in one run.
 
     python benchmarks/learning_parity.py [--config configs/ci-tiny.yaml] [--steps 16] [--seeds 0,1,2]
+        [--variant ppo|tis|cispo|topr|decoupled] [--max-staleness 1] [--is-correction none|token|sequence|geometric]
         [--eval-episodes 64] [--temperature 1.0] [--set algorithm.lr=0.002 ...]
         [--out benchmarks/results/learning_parity.json]
 
 For every seed, each mode starts from the same initial weights and seed (the config's `seed` is replaced), trains
-`--steps` learner steps, and its final policy is evaluated on the same held-out seeds (RUN_DIR/eval.json, "before"
-and "after"). One run of one seed says little: a policy can collapse onto one reply and the evaluation then has no
-spread at all, so the comparison is over seeds: the mean final reward of each mode, its standard error across seeds,
-and the paired difference async - sync with its standard error. Also reported: last training batch reward, wall time
-and mean staleness of each mode, and the async/sync wall ratio.
+exactly `--steps` learner steps, and its final policy is evaluated on the same held-out seeds (RUN_DIR/eval.json,
+"before" and "after"). Equal steps means no early stop in either mode: the config's wall-time limit is lifted and
+zero-variance groups are kept (advantage 0, no gradient) instead of filtered, so a policy that collapsed onto one
+reply, or solved the task, still takes its remaining steps rather than stopping as "converged" or "collapsed".
+
+One run of one seed says little, so the comparison is over seeds and paired by seed (both modes of a seed share the
+initial weights and the held-out episodes): per seed async - sync final reward, their mean and its paired standard
+error, and "parity" when the mean difference is no worse than minus one paired standard error. Also: each mode's
+mean final reward and its standard error over seeds, mean wall time of each mode and the speedup sync / async,
+last training batch reward and mean staleness.
+
+`--variant` and `--is-correction` apply to both modes (the same algorithm, trained sync or async);
+`--max-staleness` to async only (sync is max_staleness 0 by definition).
 
 `--temperature` is the evaluation temperature: 1.0 (default) measures the policy's expected reward, needed for
 Letters-v0 whose prompt does not vary with the seed (greedy would be one sample); 0 evaluates greedily.
@@ -34,9 +43,11 @@ import yaml
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import TrainConfig, config_from_dict
-from envhub.trainer.train import Trainer
+from envhub.trainer.train import Trainer, learner_stat
 
 MODES = ("sync", "async")
+VARIANTS = ("ppo", "tis", "cispo", "topr", "decoupled")
+IS_LEVELS = ("none", "token", "sequence", "geometric")
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -67,17 +78,33 @@ def build_config(
     eval_episodes: int,
     temperature: float,
     max_time_s: float = 0.0,
+    variant: str | None = None,
+    max_staleness: int | None = None,
+    is_correction: str | None = None,
 ) -> TrainConfig:
-    """The config file with --set overrides applied, then this run's mode, seed, steps, time limit and evaluation.
+    """The config file with --set overrides applied, then this run's mode, seed, steps, algorithm and evaluation.
 
     The config's own `budget.max_time_s` is replaced by `max_time_s` (0 = none): a wall-time limit would stop the
-    slower mode after fewer steps, and the comparison is at equal steps.
+    slower mode after fewer steps, and the comparison is at equal steps. For the same reason zero-variance groups are
+    kept (`filter_zero_variance: false`): filtering them is what stops a run early as converged or collapsed.
+    `variant` and `is_correction` (None = the config's) apply to both modes, `max_staleness` to async only.
     """
     data = yaml.safe_load(Path(path).read_text()) or {}
     for assignment in overrides:
         apply_override(data, assignment)
     data["seed"] = seed
-    data.setdefault("algorithm", {})["mode"] = mode
+    algorithm = data.setdefault("algorithm", {})
+    algorithm["mode"] = mode
+    algorithm["filter_zero_variance"] = False
+    if variant is not None:
+        algorithm["pg_variant"] = variant
+    if is_correction is not None:
+        correction = algorithm.setdefault("is_correction", {})
+        if not isinstance(correction, dict):
+            raise ConfigError("algorithm.is_correction must be a section", hint="e.g. is_correction: {level: token}")
+        correction["level"] = is_correction
+    if max_staleness is not None and mode == "async":
+        algorithm["max_staleness"] = max_staleness
     budget = data.setdefault("budget", {})
     budget["steps"] = steps
     budget["checkpoint_every"] = steps
@@ -86,6 +113,13 @@ def build_config(
     evaluation["episodes"] = eval_episodes
     evaluation["temperature"] = temperature
     return config_from_dict(data)
+
+
+def history_mean(history: list[dict[str, Any]], key: str) -> float:
+    """Mean of one per-step metric over the run: a row field, else a learner statistic (0 when none logged it)."""
+    values = [row.get(key, learner_stat(row, key, None)) for row in history]
+    values = [v for v in values if isinstance(v, (int, float))]
+    return sum(values) / len(values) if values else 0.0
 
 
 async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
@@ -107,7 +141,9 @@ async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
         "eval_after_se": overall.get("after_se"),
         "per_task_after": {task: row["after"] for task, row in report.items() if task != "overall"},
         "last_batch_reward": last.get("batch_reward"),
-        "mean_staleness": sum(r.get("staleness", 0) for r in result.history) / max(1, len(result.history)),
+        "mean_staleness": history_mean(result.history, "staleness"),
+        "mean_clip_fraction": history_mean(result.history, "clip_fraction"),
+        "mean_kl_behavior": history_mean(result.history, "kl_behavior"),
         "batch_reward_by_step": [round(r.get("batch_reward", 0.0), 4) for r in result.history],
     }
 
@@ -123,22 +159,39 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Across seeds: each mode's mean final reward and wall time, and the paired async - sync difference."""
+    """Across seeds: each mode's mean final reward and wall time, and the async - sync difference paired by seed.
+
+    `runs[mode][i]` must be the same seed for both modes. Parity: the mean paired difference is at least minus its
+    standard error (async no worse than sync within one paired SE). Speedup: mean sync wall / mean async wall.
+    """
+    sync_seeds = [r.get("seed") for r in runs["sync"]]
+    if sync_seeds != [r.get("seed") for r in runs["async"]] or not sync_seeds:
+        raise ValueError(
+            f"pairing needs the same seeds in both modes, got {[r.get('seed') for r in runs['async']]}"
+            f" for async and {sync_seeds} for sync"
+        )
     summary: dict[str, Any] = {}
     for mode in MODES:
         after, se = mean_se([r["eval_after"] for r in runs[mode]])
-        wall, _ = mean_se([r["wall_s"] for r in runs[mode]])
+        wall, wall_se = mean_se([r["wall_s"] for r in runs[mode]])
         summary[mode] = {
             "eval_after_mean": after,
             "eval_after_se_over_seeds": se,
+            "eval_after_by_seed": [r["eval_after"] for r in runs[mode]],
             "wall_s_mean": wall,
+            "wall_s_se": wall_se,
             "steps": [r["steps"] for r in runs[mode]],
         }
     diffs = [a["eval_after"] - s["eval_after"] for s, a in zip(runs["sync"], runs["async"])]
     diff, diff_se = mean_se(diffs)
+    summary["seeds"] = sync_seeds
+    summary["after_async_minus_sync_by_seed"] = diffs
     summary["after_async_minus_sync"] = diff
     summary["after_async_minus_sync_se"] = diff_se
+    summary["parity_within_one_se"] = diff >= -diff_se
     summary["wall_async_over_sync"] = summary["async"]["wall_s_mean"] / summary["sync"]["wall_s_mean"]
+    summary["speedup_sync_over_async"] = summary["sync"]["wall_s_mean"] / summary["async"]["wall_s_mean"]
+    summary["equal_steps"] = len({step for mode in MODES for step in summary[mode]["steps"]}) == 1
     return summary
 
 
@@ -148,6 +201,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--config", default="configs/ci-tiny.yaml")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds, e.g. 0,1,2")
+    parser.add_argument("--variant", choices=VARIANTS, help="algorithm.pg_variant for both modes (default: config's)")
+    parser.add_argument(
+        "--max-staleness", type=int, help="algorithm.max_staleness of the async runs (default: the config's)"
+    )
+    parser.add_argument(
+        "--is-correction", choices=IS_LEVELS, help="algorithm.is_correction.level for both modes (default: config's)"
+    )
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out evaluation episodes per task")
     parser.add_argument("--temperature", type=float, default=1.0, help="evaluation temperature (0 = greedy)")
     parser.add_argument(
@@ -172,6 +232,14 @@ def parse_args() -> argparse.Namespace:
         parser.error(f"--seeds {args.seeds!r}: give comma-separated integers, e.g. 0,1,2")
     if not args.seed_list:
         parser.error("--seeds: give at least one seed")
+    if len(set(args.seed_list)) != len(args.seed_list):
+        parser.error(f"--seeds {args.seeds!r}: a seed is repeated; pairing needs distinct seeds")
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: give at least 1 learner step")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        parser.error(f"--max-staleness {args.max_staleness}: give 0 or more policy versions")
+    if args.eval_episodes < 1:
+        parser.error(f"--eval-episodes {args.eval_episodes}: give at least 1 held-out episode per task")
     return args
 
 
@@ -188,24 +256,27 @@ def run_all(configs: dict, seeds: list[int], header: dict[str, Any], path: Path)
                     f"seed {seed} {mode:<5} steps {run['steps']:>3}  eval {run['eval_before']:.3f} -> "
                     f"{run['eval_after']:.3f}"
                     f"  last batch {run['last_batch_reward'] or 0:.3f}  wall {run['wall_s']:.1f} s"
-                    f"  staleness {run['mean_staleness']:.2f}",
+                    f"  staleness {run['mean_staleness']:.2f}  clipped {run['mean_clip_fraction']:.2f}",
                     flush=True,
                 )
     return runs
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """Each mode's final evaluation and the paired difference."""
+    """Each mode's final evaluation and wall time, and the paired difference with its verdict."""
     for mode in MODES:
         row = summary[mode]
+        by_seed = ", ".join(f"{v:.3f}" for v in row["eval_after_by_seed"])
         print(
-            f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds)"
-            f"   wall {row['wall_s_mean']:.1f} s"
+            f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds;"
+            f" {by_seed})   wall {row['wall_s_mean']:.1f} s   steps {row['steps']}"
         )
+    verdict = "parity (within one paired SE)" if summary["parity_within_one_se"] else "async worse by > one paired SE"
     print(
-        f"async - sync final eval: {summary['after_async_minus_sync']:+.3f} ± "
-        f"{summary['after_async_minus_sync_se']:.3f}"
-        f"   wall async/sync: {summary['wall_async_over_sync']:.2f}x"
+        f"async - sync final eval, paired: {summary['after_async_minus_sync']:+.3f} ± "
+        f"{summary['after_async_minus_sync_se']:.3f}: {verdict}"
+        f"   wall sync {summary['sync']['wall_s_mean']:.1f} s, async {summary['async']['wall_s_mean']:.1f} s"
+        f" (speedup {summary['speedup_sync_over_async']:.2f}x)"
     )
 
 
@@ -222,6 +293,9 @@ def main() -> None:
             eval_episodes=args.eval_episodes,
             temperature=args.temperature,
             max_time_s=args.max_time_s,
+            variant=args.variant,
+            max_staleness=args.max_staleness,
+            is_correction=args.is_correction,
         )
         for seed in seeds
         for mode in MODES
@@ -238,6 +312,9 @@ def main() -> None:
         "eval_episodes_per_task": args.eval_episodes,
         "eval_temperature": args.temperature,
         "max_time_s": args.max_time_s,
+        "pg_variant": configs[MODES[0], seeds[0]].algorithm.pg_variant,
+        "is_correction": configs[MODES[0], seeds[0]].algorithm.is_correction.level,
+        "async_max_staleness": configs["async", seeds[0]].algorithm.max_staleness,
         "model": configs[MODES[0], seeds[0]].model.name,
         "host": platform.node(),
         "cpu_threads": torch.get_num_threads(),
@@ -248,6 +325,8 @@ def main() -> None:
     summary = summarise(runs)
     print(
         f"\nconfig={args.config} {' '.join(args.overrides)} steps={args.steps} seeds={seeds} "
+        f"variant={header['pg_variant']} is_correction={header['is_correction']} "
+        f"async max_staleness={header['async_max_staleness']} "
         f"eval episodes/task={args.eval_episodes} T={args.temperature} load={load:.1f}"
     )
     print_summary(summary)

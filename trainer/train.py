@@ -55,6 +55,14 @@ from envhub.user_modules import load_user_modules
 Group = list[Trajectory]
 
 
+def learner_stat(row: dict[str, Any], name: str, default: float) -> float:
+    """A learner statistic of a history row: nested (`row["learner"][name]`, as the trainer logs it) or flat."""
+    nested = row.get("learner")
+    if isinstance(nested, dict) and name in nested:
+        return nested[name]
+    return row.get(f"learner/{name}", default)
+
+
 def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
     """A warning when async steps keep training on stale samples most of whose tokens the PPO clip discards.
 
@@ -65,9 +73,9 @@ def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3
     recent = history[-window:]
     if mode != "async" or len(recent) < window:
         return None
-    if all(r.get("staleness", 0) > 0.5 and r.get("learner/clip_fraction", 0) > max_clip for r in recent):
-        clip = sum(r["learner/clip_fraction"] for r in recent) / window
-        kl = recent[-1].get("learner/kl_behavior", float("nan"))
+    if all(r.get("staleness", 0) > 0.5 and learner_stat(r, "clip_fraction", 0.0) > max_clip for r in recent):
+        clip = sum(learner_stat(r, "clip_fraction", 0.0) for r in recent) / window
+        kl = learner_stat(recent[-1], "kl_behavior", float("nan"))
         return (
             f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
             f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "

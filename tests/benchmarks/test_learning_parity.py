@@ -71,16 +71,115 @@ def test_bad_overrides_are_named(assignment, message):
 
 def test_summary_pairs_seeds_and_reports_standard_errors():
     runs = {
-        "sync": [{"eval_after": 0.5, "wall_s": 10.0, "steps": 4}, {"eval_after": 0.7, "wall_s": 12.0, "steps": 4}],
-        "async": [{"eval_after": 0.6, "wall_s": 6.0, "steps": 4}, {"eval_after": 0.6, "wall_s": 5.0, "steps": 4}],
+        "sync": [
+            {"seed": 0, "eval_after": 0.5, "wall_s": 10.0, "steps": 4},
+            {"seed": 1, "eval_after": 0.7, "wall_s": 12.0, "steps": 4},
+        ],
+        "async": [
+            {"seed": 0, "eval_after": 0.6, "wall_s": 6.0, "steps": 4},
+            {"seed": 1, "eval_after": 0.6, "wall_s": 5.0, "steps": 4},
+        ],
     }
     summary = parity.summarise(runs)
     assert summary["sync"]["eval_after_mean"] == pytest.approx(0.6)
     assert summary["sync"]["eval_after_se_over_seeds"] == pytest.approx(0.1)
+    assert summary["after_async_minus_sync_by_seed"] == pytest.approx([0.1, -0.1])
     assert summary["after_async_minus_sync"] == pytest.approx(0.0)  # paired: +0.1 and -0.1
     assert summary["after_async_minus_sync_se"] == pytest.approx(0.1)
+    assert summary["parity_within_one_se"] and summary["equal_steps"]
     assert summary["wall_async_over_sync"] == pytest.approx(5.5 / 11.0)
+    assert summary["speedup_sync_over_async"] == pytest.approx(2.0)
     assert parity.mean_se([0.3]) == (0.3, 0.0)
+
+
+def test_pairing_removes_the_seed_effect_that_unpaired_errors_keep():
+    # seeds differ a lot (0.2 .. 0.8) but async trails sync by 0.10-0.14 on every seed: the paired SE sees a
+    # consistent loss that the modes' overlapping per-mode SEs would hide
+    sync = [0.2, 0.5, 0.8]
+    async_ = [0.1, 0.38, 0.66]
+    runs = {
+        mode: [
+            {"seed": i, "eval_after": v, "wall_s": 1.0, "steps": 3 + (mode == "async" and i == 2)}
+            for i, v in enumerate(values)
+        ]
+        for mode, values in (("sync", sync), ("async", async_))
+    }
+    summary = parity.summarise(runs)
+    diffs = [-0.10, -0.12, -0.14]
+    mean = sum(diffs) / 3
+    se = (sum((d - mean) ** 2 for d in diffs) / 2 / 3) ** 0.5
+    assert summary["after_async_minus_sync"] == pytest.approx(mean)
+    assert summary["after_async_minus_sync_se"] == pytest.approx(se)  # 0.0115, far below the per-mode SE 0.17
+    assert summary["sync"]["eval_after_se_over_seeds"] > 10 * se
+    assert not summary["parity_within_one_se"]
+    assert not summary["equal_steps"]  # one async run took 4 steps
+
+
+def test_summary_refuses_runs_that_do_not_pair():
+    runs = {
+        "sync": [{"seed": 0, "eval_after": 0.5, "wall_s": 1.0, "steps": 2}],
+        "async": [{"seed": 1, "eval_after": 0.5, "wall_s": 1.0, "steps": 2}],
+    }
+    with pytest.raises(ValueError, match="same seeds"):
+        parity.summarise(runs)
+
+
+def test_variant_and_correction_reach_both_modes_and_staleness_only_async():
+    configs = {
+        mode: parity.build_config(
+            str(ROOT / "configs" / "ci-tiny.yaml"),
+            [],
+            mode=mode,
+            seed=0,
+            steps=2,
+            eval_episodes=2,
+            temperature=1.0,
+            variant="topr",
+            max_staleness=3,
+            is_correction="sequence",
+        )
+        for mode in ("sync", "async")
+    }
+    for config in configs.values():
+        assert config.algorithm.pg_variant == "topr" and config.algorithm.is_correction.level == "sequence"
+        assert not config.algorithm.filter_zero_variance  # equal steps: no converged / collapsed early stop
+    assert configs["async"].algorithm.max_staleness == 3
+    assert configs["sync"].algorithm.max_staleness == 1  # the config's; sync runs at staleness 0 regardless
+
+
+def test_the_demo_config_builds_with_its_sft_stage():
+    config = parity.build_config(
+        str(ROOT / "configs" / "demo.yaml"),
+        [],
+        mode="sync",
+        seed=1,
+        steps=4,
+        eval_episodes=8,
+        temperature=0.0,
+    )
+    assert config.model.name == "smollm2" and config.sft.collect > 0 and len(config.tasks) == 3
+    assert (config.budget.steps, config.budget.max_time_s, config.algorithm.mode) == (4, 0, "sync")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--seeds", "0,0"], "repeated"),
+        (["--steps", "0"], "at least 1"),
+        (["--max-staleness", "-1"], "0 or more"),
+        (["--variant", "grpo"], "invalid choice"),
+        (["--seeds", "a"], "comma-separated integers"),
+    ],
+)
+def test_bad_command_lines_are_refused_before_training(argv, message):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learning_parity.py"), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 @pytest.mark.slow
@@ -112,4 +211,7 @@ def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path):
         (run,) = report["runs"][mode]
         assert run["steps"] == 2 and 0.0 <= run["eval_after"] <= 1.0 and run["wall_s"] > 0
     assert report["overrides"] == ["rollout.group_size=4"]
+    assert report["equal_steps"] and report["after_async_minus_sync_by_seed"] == [
+        report["runs"]["async"][0]["eval_after"] - report["runs"]["sync"][0]["eval_after"]
+    ]
     assert "async - sync final eval" in proc.stdout

@@ -156,6 +156,9 @@ def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
     assert off_policy_warning([clipped, clipped, clipped], "sync") is None  # sync samples are never stale
     assert off_policy_warning([clipped, clipped, fine], "async") is None  # a step that learned: no warning
     assert off_policy_warning([clipped, clipped], "async") is None  # too early to tell
+    # the trainer's own history rows nest the learner's statistics: the warning must read them there too
+    nested = {"staleness": 1.0, "learner": {"clip_fraction": 0.95, "kl_behavior": 1895.0}}
+    assert "95%" in off_policy_warning([nested] * 3, "async")
     on_policy = dict(clipped, staleness=0.0)
     assert off_policy_warning([on_policy] * 3, "async") is None
 
