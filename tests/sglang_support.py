@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -32,6 +33,8 @@ def sglang_module(name: str) -> types.ModuleType:
         for package_name in _MOUNTED:
             package = types.ModuleType(package_name)
             package.__path__ = [str(root.joinpath(*package_name.split(".")[1:]))]
+            package.__spec__ = importlib.machinery.ModuleSpec(package_name, None, is_package=True)
+            package.__spec__.submodule_search_locations = package.__path__
             sys.modules[package_name] = package
     return importlib.import_module(name)
 
@@ -159,3 +162,21 @@ def receive_in_child(port: int, world_size: int, rank: int, buckets: list[tuple[
         received += [(name, t.float().tolist()) for name, t in weights]
     torch.distributed.destroy_process_group(group)
     return received
+
+
+def server_arg_fields() -> dict[str, str]:
+    """Every `sglang.launch_server` option of SGLang's arg groups (`srt/arg_groups/fields/*.py`, one dataclass
+    field per flag: `snake_case` -> `--kebab-case`), with the source text of its type."""
+    sglang_module("sglang.srt.utils.msgspec_utils")  # mounts the package (or skips)
+    folder = Path(sys.modules["sglang"].__path__[0], "srt", "arg_groups", "fields")
+    fields = {}
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        annotation = item.annotation
+                        if isinstance(annotation, ast.Subscript) and isinstance(annotation.slice, ast.Tuple):
+                            annotation = annotation.slice.elts[0]  # A[type, help]
+                        fields[item.target.id] = ast.unparse(annotation)
+    return fields

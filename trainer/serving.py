@@ -29,10 +29,10 @@ def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEn
             prefix_cache_mb=cfg.prefix_cache_mb,
             prefill_chunk=cfg.prefill_chunk,
         )
-    from envhub.trainer.engines.routing import http_engines
+    from envhub.trainer.engines.sglang_deploy import deployment_from_config
 
-    # several comma-separated URLs: sticky least-loaded routing over them
-    return http_engines(cfg.url, api_key=cfg.api_key or None, pause_mode=cfg.pause_mode)
+    # attached (engine.url) or launched (engine.launch) SGLang servers, maybe behind sglang-router
+    return deployment_from_config(config, model, tokenizer)
 
 
 async def push_weights(
@@ -40,7 +40,7 @@ async def push_weights(
 ) -> None:
     """Send the learner's weights, cast to the engine dtype, and label them `version`."""
     state = await asyncio.to_thread(learner.engine_state)  # LoRA merged; gathered from every process under FSDP
-    if config.engine.kind == "local":
+    if config.engine.kind == "local" or config.engine.weight_sync != "disk":  # in-process, CUDA IPC or NCCL
         await engine.update_weights(state, version=version)
         return
     path = out_dir / "weights" / f"v{version:06d}"

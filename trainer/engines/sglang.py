@@ -372,7 +372,19 @@ class SGLangEngine(InferenceEngine):
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort one request by rid (its attempt now on the server), or all requests; they are not resubmitted."""
-        await self._post("/abort_request", self.mark_aborted(rid))
+        await self.send_abort(self.mark_aborted(rid))
+
+    async def send_abort(self, body: dict[str, Any]) -> None:
+        """POST /abort_request with a body from `mark_aborted` (of this or another client of the same requests)."""
+        await self._post("/abort_request", body)
+
+    async def probe(self, path: str) -> int:
+        """GET `path` once; its status, or 0 when the server cannot be reached."""
+        try:
+            status, _ = await self._request("GET", path)
+        except EngineError:
+            return 0
+        return status
 
     async def flush_cache(self) -> bool:
         """True when the server flushed its prefix cache (it refuses while requests run)."""
@@ -382,16 +394,10 @@ class SGLangEngine(InferenceEngine):
     async def health(self) -> bool:
         """True when the server is up: GET /ready (no generation), or, while this client has it paused (/ready
         then says 503), GET /model_info. Never /health: on a paused server it waits 20 s and marks it unhealthy."""
-        try:
-            status, _ = await self._request("GET", "/ready")
-            if status == 200:
-                return True
-            if self._paused or status == 404:
-                status, _ = await self._request("GET", "/model_info")
-                return status == 200
-        except EngineError:
-            pass
-        return False
+        status = await self.probe("/ready")
+        if self._paused or status == 404:  # 404: a server without /ready
+            status = await self.probe("/model_info")
+        return status == 200
 
     async def close(self) -> None:
         """Close the HTTP session (the server keeps running)."""
