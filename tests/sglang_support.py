@@ -180,3 +180,26 @@ def server_arg_fields() -> dict[str, str]:
                             annotation = annotation.slice.elts[0]  # A[type, help]
                         fields[item.target.id] = ast.unparse(annotation)
     return fields
+
+
+async def recorded_server(engine, **options):
+    """serve-engine on 127.0.0.1 recording every (path, JSON body) it is sent: (url, bodies, runner, state)."""
+    from aiohttp import web
+
+    from envhub.trainer.engines.server import create_app
+    from envhub.trainer.engines.server_state import STATE_KEY
+
+    bodies: list[tuple[str, dict]] = []
+
+    @web.middleware
+    async def record(request, handler):
+        if request.method == "POST" and request.can_read_body:
+            bodies.append((request.path, await request.json()))
+        return await handler(request)
+
+    app = create_app(engine, "tiny", **options)
+    app.middlewares.insert(0, record)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return f"http://127.0.0.1:{runner.addresses[0][1]}", bodies, runner, app[STATE_KEY]

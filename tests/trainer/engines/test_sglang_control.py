@@ -16,14 +16,18 @@ import types
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.server import create_app
-from envhub.trainer.engines.server_state import STATE_KEY
 from envhub.trainer.engines.sglang import SGLangEngine
-from tests.sglang_support import decode_in_child, io_structs, parse_as_sglang, receive_in_child, sglang_module
+from tests.sglang_support import (
+    decode_in_child,
+    io_structs,
+    parse_as_sglang,
+    receive_in_child,
+    recorded_server,
+    sglang_module,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -51,21 +55,8 @@ def child():
 @pytest.fixture
 async def recorded(engine, tmp_path):
     """serve-engine with a middleware that records every (path, JSON body) it receives."""
-    bodies: list[tuple[str, dict]] = []
-
-    @web.middleware
-    async def record(request, handler):
-        if request.method == "POST" and request.can_read_body:
-            bodies.append((request.path, await request.json()))
-        return await handler(request)
-
-    app = create_app(engine, "tiny", weights_dirs=[tmp_path], health_check_timeout=0.5)
-    app.middlewares.insert(0, record)
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}", bodies, app[STATE_KEY]
+    url, bodies, runner, state = await recorded_server(engine, weights_dirs=[tmp_path], health_check_timeout=0.5)
+    yield url, bodies, state
     await runner.cleanup()
 
 
