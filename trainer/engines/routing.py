@@ -71,7 +71,7 @@ class MultiEngine(InferenceEngine):
     ) -> Any:
         """One process group over every server (each at its own rank offset) with the trainer as rank 0; returns
         the trainer's weight_sync.WeightGroup."""
-        from envhub.trainer.engines.sglang import join_weight_group
+        from envhub.trainer.engines.sglang_push import join_weight_group
 
         return await join_weight_group(
             self.engines, master_address, master_port, backend, device, group_name, timeout_s
@@ -80,7 +80,7 @@ class MultiEngine(InferenceEngine):
     async def update_weights_from_distributed(self, named: Any, group: Any, version: int | None = None) -> None:
         """Every server receives while rank 0 broadcasts each bucket once."""
         from envhub.trainer.engines import weight_sync
-        from envhub.trainer.engines.sglang import send_buckets
+        from envhub.trainer.engines.sglang_push import send_buckets
 
         first = self.engines[0]
         if any((e.bucket_bytes, e.flattened) != (first.bucket_bytes, first.flattened) for e in self.engines):

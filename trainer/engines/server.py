@@ -134,6 +134,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     body = await json_body(request)
     try:
+        if not isinstance(body.get("flush_cache", True), bool):
+            raise EngineError(f"flush_cache must be a boolean, got {body['flush_cache']!r}")
         path = state.weights.check(body.get("model_path"), body.get("load_format"))
         from envhub.trainer.engines.weights import read_state
 

@@ -17,7 +17,7 @@ import asyncio
 import os
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +28,7 @@ from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.episodes import ROUTING_HEADER, episode_key
 from envhub.trainer.engines.sglang_protocol import ADMIN_ROUTES
+from envhub.trainer.engines.sglang_push import bucket_fields, on_cuda, send_buckets
 
 _RETRYABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError)
 API_KEY_ENV = "ENVHUB_ENGINE_API_KEY"
@@ -52,17 +53,6 @@ def span_versions(meta: dict[str, Any], count: int, default: int) -> list[int]:
         for i in range(max(0, int(span.get("start", 0))), min(count, int(span.get("end", 0)))):
             versions[i] = number
     return versions
-
-
-def bucket_fields(count: int, version: int | None, flush: bool, abort_all: bool) -> Iterator[dict[str, Any]]:
-    """The update fields of each of `count` bucket requests: only the first aborts, only the last flushes and
-    names the version (SGLang records a version change only when an update names a new one)."""
-    for index in range(count):
-        last = index == count - 1
-        fields: dict[str, Any] = {"flush_cache": flush and last, "abort_all_requests": abort_all and index == 0}
-        if last and version is not None:
-            fields["weight_version"] = str(version)
-        yield fields
 
 
 class SGLangEngine(InferenceEngine):
@@ -250,7 +240,7 @@ class SGLangEngine(InferenceEngine):
         buckets = weight_sync.plan_buckets(state, self.bucket_bytes)
         for bucket, fields in zip(buckets, bucket_fields(len(buckets), version, self.flush_after_update, abort_all)):
             if self.tensor_format == "sglang":
-                bucket = _on_cuda(bucket)  # kept alive until the server has opened its IPC handles
+                bucket = on_cuda(bucket)  # kept alive until the server has opened its IPC handles
                 payloads = await asyncio.to_thread(
                     weight_sync.encode_sglang, bucket, self.tp_size, flattened=self.flattened
                 )
@@ -295,7 +285,7 @@ class SGLangEngine(InferenceEngine):
         group_name: str = "weight_update_group",
     ) -> None:
         """Ask the server to join the trainer's process group as ranks rank_offset .. rank_offset + tp_size - 1
-        (the trainer is rank 0 and must join at the same time: see `join_weight_group`)."""
+        (the trainer is rank 0 and must join at the same time: see `sglang_push.join_weight_group`)."""
         await self._post(
             "/init_weights_update_group",
             {
@@ -403,51 +393,3 @@ class SGLangEngine(InferenceEngine):
         """Close the HTTP session (the server keeps running)."""
         if self._session is not None:
             await self._session.close()
-
-
-def send_buckets(group: Any, buckets: Sequence[Any], flattened: bool) -> None:
-    """Rank 0's side of a distributed update: broadcast each bucket in order."""
-    for bucket in buckets:
-        group.send(bucket, flattened)
-
-
-def _on_cuda(bucket: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The bucket's tensors on a CUDA device (SGLang opens them as CUDA IPC handles)."""
-    import torch
-
-    if all(t.is_cuda for _, t in bucket):
-        return bucket
-    if not torch.cuda.is_available():
-        raise EngineError(
-            "tensor_format sglang sends CUDA IPC handles, but the weights are on CPU and there is no GPU here",
-            hint="use engine.weight_sync: disk (or tensor_format: safetensors for envhub serve-engine)",
-        )
-    return [(name, t.to("cuda", non_blocking=True)) for name, t in bucket]
-
-
-async def join_weight_group(
-    engines: Sequence[SGLangEngine],
-    master_address: str,
-    master_port: int,
-    backend: str,
-    device: Any,
-    group_name: str = "weight_update_group",
-    timeout_s: float = 600.0,
-) -> Any:
-    """Form one process group: the trainer is rank 0, server i holds ranks 1 + sum(tp of servers before it) ...
-    (world size 1 + every server's tp_size). Returns the trainer's weight_sync.WeightGroup."""
-    from envhub.trainer.engines.weight_sync import WeightGroup
-
-    offsets, world = [], 1
-    for engine in engines:
-        offsets.append(world)
-        world += engine.tp_size
-    trainer = asyncio.to_thread(
-        WeightGroup.join, master_address, master_port, 0, world, backend, device, group_name, timeout_s
-    )
-    servers = [
-        e.init_weights_update_group(master_address, master_port, offset, world, backend, group_name)
-        for e, offset in zip(engines, offsets)
-    ]
-    results = await asyncio.gather(trainer, *servers)
-    return results[0]
