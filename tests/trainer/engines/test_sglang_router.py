@@ -13,11 +13,21 @@ import sys
 
 import pytest
 
+from envhub.errors import EngineError
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.episodes import episode_key
 from envhub.trainer.engines.sglang import SGLangEngine
 from envhub.trainer.engines.sglang_deploy import SGLangDeployment
-from envhub.trainer.engines.sglang_launch import router_args
+from envhub.trainer.engines.sglang_launch import (
+    ROUTER_MODULE,
+    LaunchPlan,
+    PlannedServer,
+    ServerCommand,
+    launch,
+    router_args,
+    server_env,
+    start_managed,
+)
 from tests.sglang_support import recorded_server
 
 pytest.importorskip("sglang_router")
@@ -110,3 +120,60 @@ async def test_pushes_pauses_and_aborts_go_to_every_worker(cluster, tokenizer, t
     result = await asyncio.wait_for(task, 60)
     assert result.finish_reason == "abort" and len(result.output_ids) < 400
     assert all(("/abort_request", {"rid": "long/r1"}) in worker for worker in bodies)
+
+
+def _serve_engine(name: str, port: int, *extra: str) -> ServerCommand:
+    args = ("serve-engine", "--model", "tiny", "--device", "cpu", "--port", str(port), *extra)
+    return ServerCommand(name, sys.executable, "envhub.cli.main", args, server_env())
+
+
+async def test_launch_starts_servers_then_the_router_and_close_stops_them(tmp_path):
+    """`launch()` with envhub's managed-process launcher: serve-engine stands in for sglang.launch_server
+    (which needs CUDA), the router is started from router_args; the deployment starts them at first use."""
+    pytest.importorskip("envhub.trainer.engines.launcher")
+    ports = [_free_port() for _ in range(3)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports[:2]]
+    plan = LaunchPlan(
+        tuple(
+            PlannedServer(u, u + "/ready", (), 1, _serve_engine(f"w{i}", p))
+            for i, (u, p) in enumerate(zip(urls, ports))
+        ),
+        ServerCommand(
+            "router", sys.executable, ROUTER_MODULE, tuple(router_args(urls, "127.0.0.1", ports[2])), server_env()
+        ),
+        f"http://127.0.0.1:{ports[2]}",
+        startup_timeout=600,
+    )
+    deployment = SGLangDeployment([SGLangEngine(u) for u in urls], router_url=plan.router_url, plan=plan)
+    assert not await deployment.health()  # nothing runs before the first use
+    episode_key.set("e1")
+    result = await deployment.generate([1, 2, 3], SamplingParams(max_new_tokens=3))
+    assert len(result.output_ids) == 3 and await deployment.health()
+    processes = [*deployment.launched.servers, deployment.launched.router]
+    assert all(p.returncode is None for p in processes)
+    await deployment.close()
+    assert all(p.returncode is not None for p in processes) and not await SGLangEngine(urls[0], retries=0).health()
+
+
+async def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
+    pytest.importorskip("envhub.trainer.engines.launcher")
+    ports = [_free_port() for _ in range(2)]
+    good, bad = (f"http://127.0.0.1:{p}" for p in ports)
+    missing = str(tmp_path / "no-model")
+    plan = LaunchPlan(
+        (
+            PlannedServer(good, good + "/ready", (), 1, _serve_engine("good", ports[0])),
+            PlannedServer(bad, bad + "/ready", (), 1, _serve_engine("bad", ports[1], "--model", missing)),
+        ),
+        startup_timeout=600,
+    )
+    started = []
+
+    async def start(command, ready_url, timeout):
+        server = await start_managed(command, ready_url, timeout)
+        started.append(server)
+        return server
+
+    with pytest.raises(EngineError, match="the bad server"):
+        await launch(plan, start)
+    assert len(started) == 1 and started[0].returncode is not None  # the good one was stopped again
