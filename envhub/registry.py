@@ -137,9 +137,14 @@ def _suggestion(key: str) -> str:
     close = difflib.get_close_matches(key.lower(), list(lowered), n=3, cutoff=0.5)
     same_name = [i for i in ids if i.rsplit("-v", 1)[0].lower() == key.rsplit("-v", 1)[0].lower()]
     candidates = list(dict.fromkeys(same_name + [lowered[c] for c in close]))
-    if candidates:
-        return "did you mean " + ", ".join(candidates) + "? `envhub list` shows every id"
-    return "`envhub list` shows every registered id"
+    listing = ("did you mean " + ", ".join(candidates) + "? " if candidates else "") + "`envhub list` shows every id"
+    return listing + _OWN_ENVS_HINT
+
+
+_OWN_ENVS_HINT = (
+    "; an env of your own is found once its module is imported (`--import MODULE_OR_FILE` on the command line, "
+    "`import` in Python) or its plugin package is pip installed (docs/authoring.md)"
+)
 
 
 def note_missing_family(prefix: str, why: str) -> None:

@@ -1,4 +1,5 @@
-"""Every code block of docs/authoring.md (and the Python of README.md) runs, top to bottom, as a reader would run it.
+"""Every code block of docs/authoring.md (and the Python of README.md and docs/integrations.md) runs, top to bottom,
+as a reader would run it.
 
 Blocks run in a scratch directory, in order, sharing one namespace (like a notebook):
 - a block whose first line is `# file: NAME` is written to NAME instead of run;
@@ -193,6 +194,23 @@ def test_authoring_tutorial_runs_top_to_bottom(tmp_path, monkeypatch, base_rootf
     assert done.returncode == 0 and done.stdout.strip() == "findsecret-env", done.stderr
     if runner.skipped:
         pytest.skip("every other block ran; skipped: " + "; ".join(runner.skipped))
+
+
+@pytest.mark.slow
+def test_integrations_guide_runs_top_to_bottom(tmp_path, monkeypatch):
+    pytest.importorskip("trl")
+    pytest.importorskip("skyrl_gym")
+    blocks = code_blocks((REPO / "docs" / "integrations.md").read_text())
+    python = "\n".join(b.code for b in blocks if b.language == "python")
+    for call in ("environment_factory(", "rollout_func(", "write_agent_loop_config(", "skyrl_gym.make("):
+        assert call in python, call  # a snippet per trainer
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    runner = Runner(tmp_path)
+    runner.run(blocks, ("python",))
+    assert "rewards/env_reward/mean" in runner.namespace["trainer"].state.log_history[0]  # the rollout_func run
+    assert (tmp_path / "data" / "verl" / "agent_loops.yaml").exists()
+    assert (tmp_path / "data" / "skyrl-train.parquet").exists()
 
 
 def test_readme_python_examples_run(tmp_path, monkeypatch):

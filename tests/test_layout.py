@@ -1,5 +1,5 @@
 """The layout's promises, read from the code's own imports: no import cycle among envhub's modules, and
-dependencies that point one way (core <- envs <- agents/eval <- trainer; servers and the CLI on top)."""
+dependencies that point one way (core <- envs <- agents/eval <- servers <- integrations <- trainer <- CLI)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ FOLDERS = {
 LAYERS = [
     ("cli", ("envhub.cli",)),
     ("trainer", ("envhub.trainer",)),
+    ("integrations", ("envhub.integrations",)),  # envhub envs in TRL, verl and SkyRL: above every env, below the CLI
     ("server", ("envhub.server",)),
     ("agents/eval", ("envhub.agents", "envhub.eval")),
     ("envs", ("envhub.envs",)),

@@ -1,4 +1,4 @@
-"""`envhub collect ENV --agent expert -n N --out F.jsonl`: chat-format expert trajectories for the SFT warm start.
+"""Chat-format expert trajectories for the SFT warm start (`envhub collect`, in envhub/cli/collect.py).
 
 Each line: {"env", "seed", "reward", "tools", "messages": [system, user, assistant, user, ...]}, where assistant
 messages are the agent's raw text (tool calls as `<tool_call>{json}</tool_call>`, the rollout's format), so
@@ -10,10 +10,7 @@ written as calls of the env's tools (`as_tool_call`), dict actions as `<tool_cal
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,29 +111,3 @@ async def collect(
             f.flush()
             kept.append(demo)
     return kept
-
-
-def _cmd_collect(args: argparse.Namespace) -> int:
-    try:
-        kwargs = json.loads(args.kwargs) if args.kwargs else {}
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--kwargs is not JSON: {exc}", hint='e.g. --kwargs \'{"difficulty": 1}\'') from None
-    if args.n < 1:
-        raise ConfigError(f"-n must be at least 1, got {args.n}")
-    demos = asyncio.run(collect(args.env, args.n, args.out, args.agent, args.seed, args.min_reward, **kwargs))
-    mean = sum(d.reward for d in demos) / len(demos) if demos else 0.0
-    print(f"wrote {len(demos)} episodes of {args.env} to {args.out} (mean reward {mean:.3f})", file=sys.stderr)
-    return 0
-
-
-def add_commands(sub: Any) -> None:
-    """Register `envhub collect`."""
-    p = sub.add_parser("collect", help="record expert episodes as chat-format JSONL (SFT warm-start data)")
-    p.add_argument("env", help="env id, e.g. Sokoban-v0")
-    p.add_argument("--agent", default="expert", help="who plays (expert: the env's solver)")
-    p.add_argument("-n", type=int, default=32, help="episodes (seeds --seed .. --seed+n-1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output JSONL path")
-    p.add_argument("--kwargs", default="", help="env kwargs as JSON")
-    p.add_argument("--min-reward", type=float, default=None, help="keep only episodes with at least this return")
-    p.set_defaults(handler=_cmd_collect)

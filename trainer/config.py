@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from envhub.errors import ConfigError
+from envhub.user_modules import resolve_target
 
 
 @dataclass
@@ -299,6 +300,9 @@ class TrainConfig:
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0  #: seeds task sampling, env seeds and the model init
     out_dir: str = "runs/train"  #: checkpoints, metrics.jsonl, TensorBoard logs and reward PNG
+    #: modules or .py files (relative to the config file) that register the tasks' envs; imported before the run
+    #: and by every Ray env worker (like `envhub train --import`)
+    imports: list[str] = field(default_factory=list)
 
     def validate(self) -> TrainConfig:
         """Raise ConfigError for values that cannot work together."""
@@ -411,7 +415,9 @@ def load_config(path: str | Path) -> TrainConfig:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-    return config_from_dict(data or {})
+    config = config_from_dict(data or {})
+    config.imports = [resolve_target(t, base=path.parent) for t in config.imports]
+    return config
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class TrajectoryQueue:
         self.counters = QueueCounters()
         self.solved_in_a_row = 0  # zero-variance groups at max_reward since the last group with signal
         self.stuck_in_a_row = 0  # zero-variance groups below max_reward (e.g. every episode fails)
+        self.collapsed_in_a_row = 0  # the latest of those in a row whose episodes all played the same tokens
+        self.first_rewards: list[float] = []  # mean reward of the first groups_per_step groups, for stop messages
+        self.last_reward = 0.0  # mean reward of the latest group
         self._ready: deque[Group] = deque()
         self._discarded = 0
         self._changed = asyncio.Condition()
@@ -91,14 +94,32 @@ class TrajectoryQueue:
             return (
                 f"converged: the last {self.solved_in_a_row} groups all reached the maximum reward {self.max_reward:g}"
             )
-        if self.stuck_in_a_row >= limit:
+        if self.stuck_in_a_row < limit:
+            return None
+        history = f"reward {self.start_reward:.2f} -> {self.last_reward:.2f}"
+        if self.collapsed_in_a_row >= limit:
             return (
-                f"no learning signal: in each of the last {self.stuck_in_a_row} groups every episode got the same "
-                f"reward below "
-                f"the maximum {self.max_reward:g} (e.g. every episode fails); check the env, the prompt or "
-                f"max_new_tokens"
+                f"collapsed to one reply; {history}: in each of the last {self.collapsed_in_a_row} groups every "
+                f"episode played the same tokens, so no group has a learning signal left; lower algorithm.lr or "
+                f"raise rollout.temperature to keep the replies varied"
             )
-        return None
+        collapsed = self.collapsed_in_a_row
+        example = f"the last {collapsed} of them one reply throughout" if collapsed else "e.g. every episode fails"
+        return (
+            f"no learning signal; {history}: in each of the last {self.stuck_in_a_row} groups every episode got the "
+            f"same reward below the maximum {self.max_reward:g} ({example}); check the env, the prompt or "
+            f"max_new_tokens"
+        )
+
+    @property
+    def start_reward(self) -> float:
+        """Mean reward of the first groups (the start of the reward history in stop messages)."""
+        return sum(self.first_rewards) / len(self.first_rewards) if self.first_rewards else 0.0
+
+    def _note_rewards(self, group: Group) -> None:
+        self.last_reward = sum(t.reward for t in group) / len(group)
+        if len(self.first_rewards) < self.groups_per_step:
+            self.first_rewards.append(self.last_reward)
 
     async def put(self, group: Group | None) -> str:
         """Offer a finished group (None for a group whose episodes failed; timed-out episodes leave it).
@@ -117,19 +138,22 @@ class TrajectoryQueue:
                 self.counters.failed += 1
                 await self._discard()
                 return "failed"
+            self._note_rewards(group)
             if (
                 self.filter_zero_variance
                 and max(t.reward for t in group) - min(t.reward for t in group) <= self.zero_variance_tol
             ):
                 self.counters.filtered_zero_variance += 1
                 if group[0].reward >= self.max_reward - self.zero_variance_tol:
-                    self.solved_in_a_row, self.stuck_in_a_row = self.solved_in_a_row + 1, 0
+                    self.solved_in_a_row, self.stuck_in_a_row, self.collapsed_in_a_row = self.solved_in_a_row + 1, 0, 0
                 else:
                     self.solved_in_a_row, self.stuck_in_a_row = 0, self.stuck_in_a_row + 1
+                    one_reply = len({tuple(t.input_ids) for t in group}) == 1
+                    self.collapsed_in_a_row = self.collapsed_in_a_row + 1 if one_reply else 0
                 await self._discard()
                 return "filtered"
             self.counters.accepted += 1
-            self.solved_in_a_row = self.stuck_in_a_row = 0
+            self.solved_in_a_row = self.stuck_in_a_row = self.collapsed_in_a_row = 0
             self._ready.append(group)
             self._changed.notify_all()
             return "accepted"

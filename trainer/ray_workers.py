@@ -23,6 +23,7 @@ from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
 from envhub.trainer.engines.routing import http_engines
 from envhub.trainer.rollout_sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
+from envhub.user_modules import load_user_modules
 
 
 @dataclass
@@ -65,11 +66,13 @@ class EnvWorker:
         rollout: RolloutConfig,
         entry_points: dict[str, str],
         api_key: str | None = None,
+        imports: tuple[str, ...] = (),
     ) -> None:
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
 
+        load_user_modules(imports, option="imports:")  # the driver's --import / imports: list, in the same order
         known = {s.id for s in envhub.list_envs()}
         for env_id, entry in entry_points.items():
             if env_id not in known:
@@ -109,7 +112,14 @@ class RayRolloutSource:
         self._server = server
         self._owns_ray = owns_ray
         api_key = getattr(server, "api_key", None) or config.engine.api_key or None
-        self._args = (engine_urls, config.model.name, config.rollout, _portable_entry_points(config.tasks), api_key)
+        self._args = (
+            engine_urls,
+            config.model.name,
+            config.rollout,
+            _portable_entry_points(config.tasks),
+            api_key,
+            tuple(config.imports),
+        )
         self._actor_cls = ray.remote(EnvWorker)
         self.actors = [self._new_actor() for _ in range(options.workers)]
         self.load = [0] * options.workers

@@ -41,6 +41,7 @@ from envhub.trainer.staleness import Staleness
 from envhub.trainer.task_errors import TaskErrors
 from envhub.trainer.tasks import TaskSampler, env_factory
 from envhub.trainer.trajectory import Trajectory
+from envhub.user_modules import load_user_modules
 
 Group = list[Trajectory]
 
@@ -167,6 +168,7 @@ class Trainer:
     async def _prepare(self, resume: bool, started: float) -> _Run:
         """Check the tasks, build policy, engine, learner, queue and rollout source; resume or warm-start."""
         cfg = self.config
+        load_user_modules(cfg.imports, option="imports:")  # the config's own env modules (envhub train --import)
         await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))

@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from envhub.cli.imports import add_import_option
+
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from envhub.cli.agent_spec import make_agent_factory
@@ -121,4 +123,5 @@ def add_commands(sub: Any) -> None:
         "--success-threshold", type=float, default=1.0, help="total reward that counts as a pass (default 1.0)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_import_option(p)
     p.set_defaults(handler=_cmd_eval)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envhub.cli.imports import add_import_option, apply_imports
 from envhub.errors import EnvhubError
 
 SUBCOMMAND_MODULES: tuple[str, ...] = (
@@ -24,6 +25,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "envhub.cli.serve_engine",
     "envhub.cli.train",
     "envhub.cli.view",
+    "envhub.cli.collect",
+    "envhub.cli.init",
 )
 
 
@@ -126,9 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list registered environments")
     p.add_argument("--tag", help="only environments with this tag (e.g. game, math, multi-agent)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_import_option(p)
     p.set_defaults(handler=_cmd_list)
     p = sub.add_parser("info", help="show an environment's spaces, tools, reward and kwargs")
     p.add_argument("id")
+    add_import_option(p)
     p.set_defaults(handler=_cmd_info)
     for module_name in SUBCOMMAND_MODULES:
         importlib.import_module(module_name).add_commands(sub)
@@ -149,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        apply_imports(args)  # before the command resolves any env id
         return int(handler(args) or 0)
     except EnvhubError as exc:
         message = str(exc.args[0]) if exc.args else str(exc)

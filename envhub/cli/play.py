@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from envhub.cli.imports import add_import_option
 from envhub.errors import ConfigError
 
 
@@ -100,4 +101,5 @@ def add_commands(sub: Any) -> None:
     p.add_argument("id")
     p.add_argument("--seed", type=int, default=None, help="episode seed (same seed, same episode)")
     p.add_argument("--kwargs", default="", help='JSON of env kwargs, e.g. \'{"slippery": true}\'')
+    add_import_option(p)
     p.set_defaults(handler=_cmd_play)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import importlib
 import ipaddress
 import os
-import sys
 from typing import Any
 
-from envhub.errors import ConfigError, EnvhubError
+from envhub.cli.imports import add_import_option
+from envhub.errors import EnvhubError
 from envhub.wire import TOKEN_ENV, endpoints_text
 
 
@@ -23,23 +22,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to anything
-
-
-def import_user_modules(modules: list[str]) -> None:
-    """Import `--import` modules (from the working directory too), so that the envs they register are served."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(
-            0, os.getcwd()
-        )  # the console script, unlike `python -m`, does not look in the working directory
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"--import {name}: {type(exc).__name__}: {exc}",
-                hint="give an importable module name (as in `python -c 'import NAME'`) from the working directory or "
-                "the environment",
-            ) from None
 
 
 def _tokens(args: argparse.Namespace) -> list[str]:
@@ -133,7 +115,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from envhub.server.env_server import EnvServer
 
     tokens = _tokens(args)
-    import_user_modules(args.imports or [])
     if args.protocol == "openenv":
         return _serve_openenv(args, tokens)
     policy = _policy(args)
@@ -191,13 +172,6 @@ def _add_binding_args(p: argparse.ArgumentParser) -> None:
         action="append",
         help="bearer token clients must send (repeatable, one per client; default $ENVHUB_TOKEN)",
     )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        metavar="MODULE",
-        help="import MODULE first so that the envs it registers are served (repeatable)",
-    )
 
 
 def _add_policy_args(p: argparse.ArgumentParser) -> None:
@@ -230,6 +204,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow envs with backend 'local': model-written code runs on THIS HOST, unsandboxed",
     )
+    add_import_option(p)
 
 
 def _add_limit_args(p: argparse.ArgumentParser) -> None:

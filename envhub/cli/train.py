@@ -10,14 +10,19 @@ import signal
 import sys
 from typing import Any
 
+from envhub.cli.imports import add_import_option
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from envhub.trainer.config import load_config
     from envhub.trainer.train import Trainer
+    from envhub.user_modules import resolve_target
 
     config = load_config(args.config)
+    # after the config's own imports, so that Ray workers import the same list the driver did
+    config.imports += [t for t in map(resolve_target, args.imports or []) if t not in config.imports]
     if args.steps is not None:
         config.budget.steps = args.steps
     ray = None
@@ -119,6 +124,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
+    add_import_option(p)
     p.add_argument(
         "--ray",
         default=None,
@@ -148,6 +154,3 @@ def add_commands(sub: Any) -> None:
     p_all.add_argument("--out", default="bench-report", help="directory for report.md and report.json")
     p_all.add_argument("--quick", action="store_true", help="fewer samples and steps (a few minutes on a small CPU)")
     p_all.set_defaults(handler=_cmd_bench_all)
-    from envhub.trainer import collect
-
-    collect.add_commands(sub)

@@ -1,7 +1,10 @@
-"""`envhub view`: the run's page served on 127.0.0.1, read by the real aiohttp client and by headless Chromium."""
+"""`envhub view`: runs' pages served on 127.0.0.1, read by the real aiohttp client and by headless Chromium."""
 
 import asyncio
+import io
+import json
 import os
+import re
 import tempfile
 
 import aiohttp
@@ -16,6 +19,7 @@ from envhub.envs.web import browser
 from envhub.trainer.metrics import MetricsLogger
 from envhub.trainer.records import EpisodeRecorder
 from envhub.trainer.trajectory import Trajectory
+from tests.chromium_devtools import chromium_page
 
 OBSERVATION = "The warehouse has 3 boxes and a locked door"
 
@@ -59,15 +63,39 @@ def write_run(run_dir):
         metrics.log(step, {"reward": {"all": value, "Sokoban-v0": value - 0.1, "Math-v0": value + 0.1}})
 
 
-@pytest.fixture
-async def served(tmp_path):
-    write_run(tmp_path)
-    runner = web.AppRunner(make_app(tmp_path))
+EVAL = {  # eval.json as trainer/evaluation.py writes it
+    "Sokoban-v0": {"episodes": 4, "before": 0.25, "before_se": 0.25, "after": 0.75, "after_se": 0.25},
+    "Math-v0": {"episodes": 4, "before": 0.5, "before_se": 0.29, "after": 1.0, "after_se": 0.0},
+    "overall": {"episodes": 8, "before": 0.375, "before_se": 0.18, "after": 0.875, "after_se": 0.13},
+}
+
+
+async def serve(run_dirs):
+    """Start `envhub view`'s app on a free loopback port; returns (base URL, runner)."""
+    runner = web.AppRunner(make_app(run_dirs))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}/"
+    return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/", runner
+
+
+@pytest.fixture
+async def served(tmp_path):
+    write_run(tmp_path)
+    url, runner = await serve(tmp_path)
+    yield url
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def two_runs(tmp_path):
+    """Two runs in directories both named `ci-tiny` (a/ci-tiny has eval.json, b/ci-tiny is still starting)."""
+    first, second = tmp_path / "a" / "ci-tiny", tmp_path / "b" / "ci-tiny"
+    write_run(first)
+    (first / "eval.json").write_text(json.dumps(EVAL))
+    EpisodeRecorder(second).close(step=0)
+    url, runner = await serve([first, second])
+    yield url, second
     await runner.cleanup()
 
 
@@ -84,6 +112,47 @@ async def test_api_lists_episodes_with_group_outcomes_and_serves_each_turn_by_tu
             assert response.status == 404 and "no episode" in (await response.json())["error"]
         page = await (await session.get(served)).text()
         assert "http" not in page.replace("http://www.w3.org/2000/svg", "")  # no external assets
+        for bad in ("api/episode/" + "9" * 5000, "api/episode/%C2%B2", "api/summary?run=1", "api/episode/0?run=x"):
+            assert (await session.get(served + bad)).status == 404, bad
+
+
+async def test_several_runs_on_one_page_with_curves_side_by_side_and_eval_tables(two_runs):
+    url, second = two_runs
+    async with aiohttp.ClientSession() as session:
+        runs = await (await session.get(url + "api/runs")).json()
+        assert [r["label"] for r in runs] == ["a/ci-tiny", "b/ci-tiny"]  # same names told apart by their parents
+        page = await (await session.get(url)).text()
+        charts = re.findall(r'<svg class="chart".*?</svg>', page, re.S)
+        assert [re.search(r'class="title">([^<]+)<', c).group(1) for c in charts] == ["all", "Math-v0", "Sokoban-v0"]
+        assert all(c.count("<polyline") == 1 for c in charts)  # the second run has no step yet
+        assert "<td>Math-v0</td><td>0.500 ± 0.290</td><td>1.000 ± 0.000</td><td>+0.500</td>" in page
+        assert page.count("no eval.json") == 1 and page.count('<tr class="ep') == 3
+        # the second run is written meanwhile: a reload shows its curve and its eval table
+        metrics = MetricsLogger(second, tensorboard=False)
+        for step in (1, 2):
+            metrics.log(step, {"reward": {"all": 0.1 * step, "Sokoban-v0": 0.1 * step, "Math-v0": 0.1}})
+        (second / "eval.json").write_text(json.dumps(EVAL))
+        page = await (await session.get(url)).text()
+        charts = re.findall(r'<svg class="chart".*?</svg>', page, re.S)
+        assert [c.count("<polyline") for c in charts] == [2, 2, 2] and "no eval.json" not in page
+        summary = await (await session.get(url + "api/summary?run=1")).json()
+        assert summary["label"] == "b/ci-tiny" and [r["step"] for r in summary["metrics"]] == [1, 2]
+        episode = await (await session.get(url + "api/episode/2?run=0")).json()
+        assert episode["task"] == "Math-v0"
+        assert (await session.get(url + "api/episode/0?run=1")).status == 404  # the second run has no episode
+
+
+async def test_fragments_are_the_page_parts_the_script_swaps_in(two_runs):
+    url, _ = two_runs
+    async with aiohttp.ClientSession() as session:
+        listing = await (await session.get(url + "fragment/episodes?task=Math-v0&run=0")).text()
+        assert listing.startswith('<section id="episodes">') and listing.count('<tr class="ep') == 1
+        detail = await (await session.get(url + "fragment/episode?episode=1&episode_run=0")).text()
+        assert detail.startswith('<section id="episode">') and "You pushed a box onto a target." in detail
+        page = await (await session.get(url + "?episode=1")).text()
+        assert detail in page  # the same HTML, whether fetched by the script or rendered into the page
+        missing = await (await session.get(url + "fragment/episode?episode=7&episode_run=1")).text()
+        assert "Pick an episode" in missing
 
 
 async def _chromium(*args):
@@ -102,12 +171,16 @@ async def _chromium(*args):
     return out.decode()
 
 
-@pytest.mark.slow
-async def test_headless_chromium_renders_the_episode_and_the_curves(served, tmp_path):
+def require_chromium():
     if browser.find_chromium() is None:
         if os.environ.get("CI"):
             pytest.fail("Chromium is not installed but CI requires it: apt-get install -y chromium")
         pytest.skip("Chromium is not installed")
+
+
+@pytest.mark.slow
+async def test_headless_chromium_renders_the_episode_and_the_curves(served, tmp_path):
+    require_chromium()
     dom = await _chromium("--dump-dom", served + "?episode=1")
     assert OBSERVATION in dom and "You pushed a box onto a target." in dom and 'move({"direction":"up"})' in dom
     assert dom.count("<polyline") == 3 and "Sokoban-v0" in dom  # one curve per reward key (all + 2 tasks)
@@ -120,11 +193,62 @@ async def test_headless_chromium_renders_the_episode_and_the_curves(served, tmp_
     assert np.allclose(pixels[5, 600], [0x23 / 255, 0x2F / 255, 0x3E / 255], atol=0.03)  # header bar
 
 
+@pytest.mark.slow
+async def test_first_paint_shows_curves_tables_and_episodes_with_scripts_off(two_runs):
+    require_chromium()
+    url, _ = two_runs
+    async with chromium_page(1200, 800, scripts=False) as page:
+        await page.load("data:text/html,<p>static</p><script>document.body.textContent = 'script ran'</script>")
+        assert "<p>static</p>" in await page.dom()  # scripts are off indeed
+        await page.load(url + "?episode=1")
+        dom, shot = await page.dom(), await page.screenshot()
+        chart, table = await page.box("svg.chart"), await page.box("table.eval")
+    assert dom.count("<polyline") == 3 and "0.500 ± 0.290" in dom and OBSERVATION in dom
+    assert dom.count('<tr class="ep') == 3 and "You pushed a box onto a target." in dom
+    pixels = image.imread(io.BytesIO(shot), format="png")[..., :3]
+    left, top, right, bottom = chart
+    assert 0 < top < bottom < 800 and right <= 1200  # the first chart is on the first screen
+    blue = np.all(np.abs(pixels[top:bottom, left:right] - [0x3B / 255, 0x7D / 255, 0xD8 / 255]) < 0.08, axis=2)
+    assert blue.sum() > 100  # the first run's line is drawn
+    left, top, right, bottom = table
+    assert 0 < top < bottom < 800 and (pixels[top:bottom, left:right].mean(axis=2) < 0.5).mean() > 0.02  # its text
+
+
+@pytest.mark.slow
+async def test_the_script_swaps_in_an_episode_on_click_and_the_list_on_a_filter(two_runs):
+    require_chromium()
+    url, _ = two_runs
+    wait_for = """new Promise((resolve) => {{
+        new MutationObserver(() => {{ if ({done}) resolve(location.search); }})
+            .observe(document.body, {{childList: true, subtree: true}});
+        {action};
+    }})"""
+    async with chromium_page(1200, 800) as page:
+        await page.load(url)
+        clicked = wait_for.format(
+            done='document.querySelector("#detail").textContent.includes("seed 13")',
+            action='document.querySelector(\'tr.ep[data-href="?episode=2"] td:nth-child(3)\').click()',
+        )
+        assert await page.evaluate(clicked) == "?episode=2"
+        assert "Math-v0" in await page.evaluate('document.querySelector("tr.sel").textContent')
+        filtered = wait_for.format(
+            done='document.querySelectorAll("tr.ep").length === 2',
+            action="""const select = document.querySelector('#filters select[name="task"]');
+                select.value = "Sokoban-v0"; select.dispatchEvent(new Event("change", {bubbles: true}))""",
+        )
+        assert await page.evaluate(filtered) == "?task=Sokoban-v0"
+
+
 def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert main(["view", str(tmp_path / "missing")]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["view", str(tmp_path)]) == 2
     assert "no episodes.jsonl" in capsys.readouterr().err
+    write_run(tmp_path / "run")
+    assert main(["view", str(tmp_path / "run"), str(tmp_path / "missing")]) == 2
+    assert "'" + str(tmp_path / "missing") + "' not found" in capsys.readouterr().err
+    assert main(["view", str(tmp_path / "run"), str(tmp_path / "run" / ".." / "run")]) == 2
+    assert "given twice" in capsys.readouterr().err
 
 
 async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):

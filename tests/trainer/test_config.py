@@ -65,3 +65,10 @@ def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
 def test_every_shipped_config_loads(path):
     config = load_config(path)
     assert config.tasks and config.budget.steps > 0
+
+
+def test_ci_tiny_trains_16_steps_with_a_decaying_lr_and_a_greedy_held_out_evaluation():
+    config = load_config(Path(__file__).resolve().parents[2] / "configs" / "ci-tiny.yaml")
+    assert config.budget.steps == 16 and config.algorithm.mode == "sync"
+    assert config.evaluation.episodes > 0 and config.evaluation.temperature == 0.0  # eval.json, greedy
+    assert config.algorithm.lr_schedule == "cosine"  # at a constant lr the policy collapses before step 16

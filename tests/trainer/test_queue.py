@@ -105,10 +105,18 @@ async def test_zero_variance_uses_a_tolerance():
     assert queue.counters.filtered_zero_variance == 1
 
 
+def replies(group, texts):
+    """`group` with each episode's reply tokens set (tokens 1, 2 are the prompt)."""
+    for t, reply in zip(group, texts):
+        t.input_ids, t.loss_mask = [1, 2, *reply], [0, 0, *[1] * len(reply)]
+        t.behavior_logprobs, t.versions = [0.0] * len(t.input_ids), [-1, -1, *[0] * len(reply)]
+    return group
+
+
 async def test_converged_only_at_max_reward_and_a_separate_stop_when_everything_fails():
     queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(5), max_reward=1.0)
     for _ in range(3):
-        await queue.put(make_group([0.0, 0.0], version=0))
+        await queue.put(replies(make_group([0.0, 0.0], version=0), [[5], [6, 7]]))  # different replies, both fail
     reason = queue.stop_reason(3)
     assert reason.startswith("no learning signal") and "every episode fails" in reason and "converged" not in reason
     await queue.put(make_group([0.0, 1.0], version=0))  # a group with signal resets both counts
@@ -116,6 +124,23 @@ async def test_converged_only_at_max_reward_and_a_separate_stop_when_everything_
     for _ in range(2):
         await queue.put(make_group([1.0, 1.0], version=0))
     assert queue.stop_reason(3) is None and queue.stop_reason(2).startswith("converged")
+
+
+async def test_a_policy_collapsed_to_one_reply_is_named_with_its_reward_history():
+    queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(5), max_reward=1.0)
+    await queue.put(replies(make_group([0.3, 0.4], version=0), [[5], [6]]))  # the start: replies vary
+    await queue.put(replies(make_group([0.4, 0.4], version=0), [[5, 6], [6, 5]]))  # same reward, other replies
+    for _ in range(3):  # then every episode plays the same reply, whose reward is 2/3
+        await queue.put(replies(make_group([2 / 3] * 4, version=0), [[9, 9, 9]] * 4))
+    reason = queue.stop_reason(3)
+    assert reason.startswith("collapsed to one reply; reward 0.38 -> 0.67") and "every episode fails" not in reason
+    await queue.put(replies(make_group([0.5] * 2, version=0), [[9, 9], [8, 8]]))  # varied replies scored alike
+    await queue.put(replies(make_group([2 / 3] * 2, version=0), [[9, 9, 9]] * 2))
+    reason = queue.stop_reason(3)
+    assert (
+        reason.startswith("no learning signal; reward 0.38 -> 0.67")
+        and "the last 1 of them one reply throughout" in reason
+    )
 
 
 async def test_long_episode_with_fresh_tokens_is_kept_and_all_old_is_dropped():

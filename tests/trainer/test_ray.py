@@ -2,6 +2,9 @@
 retried."""
 
 import asyncio
+import json
+import os
+import textwrap
 
 import pytest
 
@@ -127,3 +130,37 @@ async def test_a_task_failing_on_every_ray_worker_stops_the_run_naming_task_and_
         assert (tmp_path / "episode_errors.jsonl").read_text().count('"stage": "reset"') >= 4
     finally:
         stop()
+
+
+async def test_env_workers_import_the_configs_imports(local_ray, tmp_path):
+    # an env that exists only in a file the driver imported: the workers must import the same file to play it
+    (tmp_path / "pid_env.py").write_text(
+        textwrap.dedent(
+            '''
+            import os
+
+            import envhub
+
+
+            class Pid(envhub.AgentEnv):
+                def reset(self, *, seed=None, options=None):
+                    _, info = super().reset(seed=seed)
+                    return "go", {**info, "pid": os.getpid()}
+
+                def step(self, action):
+                    return "done", 1.0, True, False, {}
+
+
+            def register_envs():
+                envhub.register("RayPidImport-v0", Pid)
+            '''
+        )
+    )
+    cfg = config(tmp_path / "run", env="RayPidImport-v0", steps=1)
+    cfg.imports = [str(tmp_path / "pid_env.py")]
+    trainer = Trainer(cfg, ray=RayOptions(workers=1))
+    result = await asyncio.wait_for(trainer.run(), 180)
+    assert result.last_step == 1 and trainer.rollouts.episodes_finished >= 4
+    records = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
+    pids = {r["env_info"]["pid"] for r in records if r["kind"] == "episode"}
+    assert pids and os.getpid() not in pids  # played in the worker process, not here
