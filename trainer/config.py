@@ -40,6 +40,7 @@ class ModelConfig:
     )
     tiny_layers: int = 2  #: layers of the "tiny" model
     tiny_hidden: int = 64  #: hidden size of the "tiny" model
+    tiny_heads: int = 4  #: attention heads of the "tiny" model (head_dim = tiny_hidden / tiny_heads; vLLM needs >= 32)
     lora: LoraConfig = field(default_factory=LoraConfig)  #: LoRA adapters (r > 0) instead of full fine-tuning
 
 
@@ -77,17 +78,22 @@ class SGLangLaunchConfig:
 class EngineConfig:
     """Where rollouts are generated."""
 
-    kind: Literal["local", "sglang"] = "local"  #: embedded LocalEngine or SGLang servers (attached or launched)
-    url: str = ""  #: kind sglang: URL(s) of running servers, comma-separated (attach)
+    kind: Literal["local", "sglang", "vllm"] = (
+        "local"  #: embedded LocalEngine, SGLang servers (attached or launched), or a real vLLM server
+    )
+    url: str = ""  #: SGLang server URL(s), comma-separated, or a running vLLM server to attach to (kind vllm)
     launch: SGLangLaunchConfig | None = None  #: kind sglang: start the servers instead of attaching
-    router_url: str = ""  #: attach: generate through this sglang-router (control calls still go to each url)
+    router_url: str = ""  #: kind sglang, attach: generate through this sglang-router (control calls go to each url)
     max_batch_size: int = 16  #: requests the local engine batches together
     prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
-        "retract"  #: how a weight push pauses an SGLang server: retract, in_place, abort or none (blocking)
+        "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
     )
     api_key: str = ""  #: the server's --api-key (default: $ENVHUB_ENGINE_API_KEY)
+    max_model_len: int = 0  #: vllm: context length (0 = the model's, at most 8192)
+    kv_cache_gib: float = 2.0  #: vllm: KV cache memory of a launched server (VLLM_CPU_KVCACHE_SPACE)
+    startup_timeout_s: float = 900.0  #: vllm: seconds a launched server may take to answer /health
     admin_api_key: str = ""  #: the server's --admin-api-key (weight, pause and abort routes then need it)
     tp_size: int = 1  #: tensor-parallel GPUs of each SGLang server
     weight_sync: Literal["disk", "tensor", "nccl"] = (
@@ -102,10 +108,11 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise ConfigError for engine settings that cannot work together."""
-        if self.kind == "local":
+        if self.kind != "sglang":
             if self.launch is not None or self.router_url or self.weight_sync != "disk":
                 raise ConfigError(
-                    "engine.launch, router_url and weight_sync are for kind: sglang", hint="set engine.kind: sglang"
+                    f"engine.launch, router_url and weight_sync are for kind: sglang, not kind: {self.kind}",
+                    hint="set engine.kind: sglang, or drop those keys",
                 )
             return
         if self.launch is not None and (self.url or self.router_url):
@@ -323,6 +330,22 @@ class TrainConfig:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
+        if self.model.tiny_heads < 1 or self.model.tiny_hidden % self.model.tiny_heads:
+            raise ConfigError(
+                f"model.tiny_hidden ({self.model.tiny_hidden}) must be a multiple of model.tiny_heads "
+                f"({self.model.tiny_heads})"
+            )
+        if self.engine.kind == "vllm" and self.model.name == "tiny" and not self.engine.url:
+            from envhub.trainer.engines.vllm_command import CPU_HEAD_SIZES
+
+            head_dim = self.model.tiny_hidden // self.model.tiny_heads
+            if head_dim not in CPU_HEAD_SIZES:
+                raise ConfigError(
+                    f"vLLM's CPU attention cannot run the tiny model's head_dim {head_dim} "
+                    f"(tiny_hidden {self.model.tiny_hidden} / tiny_heads {self.model.tiny_heads})",
+                    hint=f"set model.tiny_heads so that head_dim is one of {CPU_HEAD_SIZES}, e.g. tiny_heads: "
+                    f"{max(1, self.model.tiny_hidden // 32)}",
+                )
         if self.model.lora.r > 0 and self.learner.devices > 1 and self.learner.strategy == "fsdp":
             raise ConfigError(
                 "LoRA with learner.strategy fsdp is not supported", hint="use strategy: ddp (adapters are small)"

@@ -97,6 +97,22 @@ def smollm2_dir() -> Path:
     return target
 
 
+def save_model_dir(model: Any, tokenizer: Any, target: Path, dtype: Any = None) -> Path:
+    """Write `model` (cast to `dtype`, on the CPU) and `tokenizer` as a Hugging Face directory, atomically."""
+
+    def save(tmp: Path) -> None:
+        import copy
+
+        plain = copy.deepcopy(model).to(device="cpu", dtype=dtype) if dtype is not None else model
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    if target.exists():
+        shutil.rmtree(target)
+    _atomic_save(target, save)
+    return target
+
+
 def resolve_model_path(model: str) -> Path:
     """A loadable directory for `model`: "smollm2" or a local Hugging Face model directory."""
     if model == "smollm2":
@@ -123,18 +139,23 @@ def load_tokenizer(model: str = "smollm2") -> Any:
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
-def tiny_llama(tokenizer: Any, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Any:
-    """A tiny randomly initialised Llama over `tokenizer`'s vocabulary, for fast tests."""
+def tiny_llama(tokenizer: Any, seed: int = 0, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4) -> Any:
+    """A tiny randomly initialised Llama over `tokenizer`'s vocabulary, for fast tests.
+
+    head_dim is hidden_size / num_heads: 16 by default; vLLM's CPU attention needs 32 or more (num_heads=2).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if num_heads < 1 or hidden_size % num_heads:
+        raise EngineError(f"the tiny model's hidden size {hidden_size} is not a multiple of {num_heads} heads")
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
@@ -172,7 +193,13 @@ def build_policy(config: ModelConfig, seed: int) -> tuple[Any, Any]:
     precision = resolve_precision(config.device, config.dtype)
     tokenizer = load_tokenizer(config.name)
     if config.name == "tiny":
-        model = tiny_llama(tokenizer, seed=seed, hidden_size=config.tiny_hidden, num_layers=config.tiny_layers)
+        model = tiny_llama(
+            tokenizer,
+            seed=seed,
+            hidden_size=config.tiny_hidden,
+            num_layers=config.tiny_layers,
+            num_heads=config.tiny_heads,
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=precision.master_dtype)
     # fp32 master weights; model.dtype is the compute (autocast) and engine dtype

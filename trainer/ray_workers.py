@@ -136,6 +136,11 @@ class RayRolloutSource:
 
         if options.workers < 1 or options.episodes_per_worker < 1:
             raise EngineError("ray workers and episodes_per_worker must be at least 1")
+        if config.engine.kind == "vllm":  # the workers speak SGLang's API; vLLM's token route is another
+            raise EngineError(
+                "Ray rollouts with engine.kind vllm are not supported",
+                hint="play episodes in the trainer's process (no --ray), or use engine.kind local or sglang with Ray",
+            )
         owns_ray = not ray.is_initialized()
         if owns_ray:
             await asyncio.to_thread(init_ray, options)

@@ -175,7 +175,8 @@ class Trainer:
         resuming = resume and latest_checkpoint(self.out_dir) is not None
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
-        self.engine = build_engine(cfg, model, tokenizer)  # before LoRA wraps the model: engines serve plain weights
+        # before LoRA wraps the model: engines serve plain weights
+        self.engine = await build_engine(cfg, model, tokenizer)
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         algo = cfg.algorithm
         queue = TrajectoryQueue(
@@ -268,6 +269,7 @@ class Trainer:
     # -- produce: wait for a batch while rollouts run -------------------------------------------------------------
     async def _next_batch(self, run: _Run, producing: asyncio.Task[None]) -> list[Group] | None:
         """The next batch of groups, or None when the run must stop first (stop_reason says why)."""
+        assert self.engine is not None
         run.errors.raise_if_failing()  # also when other tasks keep the batches coming
         if self._out_of_time(run):
             return None
@@ -279,6 +281,7 @@ class Trainer:
                 if self.on_progress is not None:
                     self.on_progress(self._progress(run))
                 run.errors.raise_if_failing()
+                self.engine.raise_if_failed()  # a dead engine server: every episode would fail, stop now
                 if (reason := run.queue.stop_reason(self.config.algorithm.max_filtered_in_a_row)) is not None:
                     self.stop_reason = reason
                     break
@@ -328,9 +331,9 @@ class Trainer:
         run.producer.step = run.step
         for g in groups:
             run.recorder.group(g[0].group_id, g[0].task, "trained", run.step)
-        await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
+        push = await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
         await run.queue.set_version(run.step)
-        row = self._row(run, groups, lags, stats, time.monotonic() - step_started)
+        row = self._row(run, groups, lags, stats, time.monotonic() - step_started) | push
         run.metrics.log(run.step, row)
         run.history.append(row)
         if not run.warned_off_policy and (warning := off_policy_warning(run.history, self.config.algorithm.mode)):

@@ -113,6 +113,11 @@ class MultiEngine(InferenceEngine):
         """Resume every engine."""
         await asyncio.gather(*[e.resume() for e in self.engines])
 
+    def raise_if_failed(self) -> None:
+        """Raise the first engine's fatal error."""
+        for engine in self.engines:
+            engine.raise_if_failed()
+
     async def health(self) -> bool:
         """True when every engine is healthy."""
         return all(await asyncio.gather(*[e.health() for e in self.engines]))

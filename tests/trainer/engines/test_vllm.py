@@ -1,0 +1,297 @@
+"""VLLMEngine and `envhub serve-engine --backend vllm` against one real vLLM server (CPU build) on 127.0.0.1.
+
+The server is started once for the module through the CLI (`--model tiny --rl-routes --api-key`): tiny_llama(seed
+0) with head_dim 32. The embedded engine and a plain forward pass over the same weights are the references: greedy ids
+must be equal and logprobs within 1e-4 (fp32; seen: 4e-6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import envhub
+from envhub.chat_tokens import ChatTokens
+from envhub.errors import EngineError
+from envhub.inference import SamplingParams
+from envhub.trainer.config import RolloutConfig
+from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.vllm import VLLMEngine
+from envhub.trainer.engines.vllm_command import HERMES_TEMPLATE, TINY_HEADS
+from envhub.trainer.models import tiny_llama
+from envhub.trainer.rollout import RolloutWorker
+from tests.vllm_support import serve_engine_vllm
+
+pytestmark = pytest.mark.slow
+LOGPROB_TOL = 1e-4
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
+LONG = 1800  # tokens per request in the push tests: long enough that a push lands mid-generation
+KEY = "envhub-test-key"
+
+
+@pytest.fixture(scope="module")
+def vllm_url():
+    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", KEY) as url:
+        yield url
+
+
+@pytest.fixture
+async def vllm(vllm_url):
+    engine = VLLMEngine(vllm_url, retries=1, api_key=KEY)
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+def served_model(tokenizer):
+    """The weights `--model tiny` serves."""
+    return tiny_llama(tokenizer, seed=0, num_heads=TINY_HEADS)
+
+
+def chat_prompt(tokenizer, text: str) -> list[int]:
+    return ChatTokens(tokenizer).add_messages(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    )
+
+
+def prompts(tokenizer) -> list[list[int]]:
+    long_text = "Tell me a long story about a cat who sails around the world. " * 12  # > one 128-token KV block
+    return [chat_prompt(tokenizer, t) for t in ("Hello there", "What is 7+5? Answer briefly.", long_text)]
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+async def test_greedy_ids_and_logprobs_agree_with_the_embedded_engine(
+    vllm, served_model, tokenizer, recomputed_logprobs
+):
+    local = LocalEngine(served_model, tokenizer)
+    try:
+        for prompt in prompts(tokenizer):
+            real, ours = await vllm.generate(prompt, GREEDY), await local.generate(prompt, GREEDY)
+            assert real.output_ids == ours.output_ids and len(real.output_ids) == GREEDY.max_new_tokens
+            assert max_diff(real.logprobs, ours.logprobs) < LOGPROB_TOL
+            assert max_diff(real.logprobs, recomputed_logprobs(served_model, prompt, real.output_ids)) < LOGPROB_TOL
+            assert real.finish_reason == ours.finish_reason == "length" and len(set(real.token_versions)) == 1
+    finally:
+        await local.close()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_sampled_logprobs_are_log_softmax_of_logits_over_temperature(
+    vllm, served_model, tokenizer, recomputed_logprobs, temperature
+):
+    for prompt in prompts(tokenizer):
+        result = await vllm.generate(prompt, SamplingParams(max_new_tokens=16, temperature=temperature))
+        expected = recomputed_logprobs(served_model, prompt, result.output_ids, temperature)
+        assert max_diff(result.logprobs, expected) < LOGPROB_TOL
+
+
+async def test_finish_reasons_and_seeds(vllm, tokenizer):
+    prompt = chat_prompt(tokenizer, "Hello there")
+    first = (await vllm.generate(prompt, GREEDY)).output_ids[0]
+    stopped = await vllm.generate(prompt, SamplingParams(max_new_tokens=24, temperature=0.0, stop_token_ids=(first,)))
+    assert stopped.output_ids == [first] and stopped.finish_reason == "stop"  # the stop token is kept
+    seeded = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+    again = await asyncio.gather(*[vllm.generate(prompt, seeded) for _ in range(3)])
+    assert again[0].output_ids == again[1].output_ids == again[2].output_ids
+
+
+async def current_version(engine: VLLMEngine) -> int:
+    """The server's weight label as a number ("default" before any push is 0)."""
+    label = await engine.weight_version()
+    return int(label) if label.isdigit() else 0
+
+
+def versions_are_a_step(versions: list[int], old: int, new: int) -> int:
+    """The index where `versions` switches from `old` to `new` (asserting that shape)."""
+    switch = versions.index(new)
+    assert switch > 0 and versions == [old] * switch + [new] * (len(versions) - switch)
+    return switch
+
+
+async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
+    vllm, served_model, tokenizer, recomputed_logprobs
+):
+    other = tiny_llama(tokenizer, seed=5, num_heads=TINY_HEADS)
+    prompt = chat_prompt(tokenizer, "Hello there")
+    sampling = SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True)
+    old = await current_version(vllm)
+    running = [asyncio.create_task(vllm.generate(prompt, sampling)) for _ in range(3)]
+    while vllm.in_flight < 3:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    await vllm.update_weights(other.state_dict(), version=old + 1)  # pause(abort) -> reload -> relabel -> resume
+    try:
+        for result in await asyncio.gather(*running):
+            assert result.finish_reason == "length" and len(result.output_ids) == LONG
+            assert result.meta["resubmits"] == 1
+            switch = versions_are_a_step(result.token_versions, old, old + 1)
+            before = recomputed_logprobs(served_model, prompt, result.output_ids)
+            after = recomputed_logprobs(other, prompt, result.output_ids)
+            # tokens before the push were sampled by the old weights, the rest by the new ones (prefix cache reset)
+            assert max_diff(result.logprobs[:switch], before[:switch]) < LOGPROB_TOL
+            assert max_diff(result.logprobs[switch:], after[switch:]) < LOGPROB_TOL
+        timing = vllm.pushes[-1]
+        assert timing.version == old + 1 and 0 < timing.paused_s <= timing.total_s
+        assert await current_version(vllm) == old + 1
+    finally:
+        await vllm.update_weights(served_model.state_dict(), version=old + 2)  # later tests expect these weights
+    restored = await vllm.generate(prompt, GREEDY)
+    ours = LocalEngine(served_model, tokenizer)
+    assert restored.output_ids == (await ours.generate(prompt, GREEDY)).output_ids
+    assert restored.token_versions == [old + 2] * len(restored.output_ids)
+    await ours.close()
+
+
+async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model, tokenizer):
+    keep = VLLMEngine(vllm.url, pause_mode="in_place", api_key=KEY)
+    prompt = chat_prompt(tokenizer, "What is 7+5? Answer briefly.")
+    try:
+        running = asyncio.create_task(
+            keep.generate(prompt, SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True))
+        )
+        old = await current_version(keep)
+        await asyncio.sleep(1.5)
+        await keep.update_weights(served_model.state_dict(), version=old + 1)  # the same weights, a new label
+        result = await running
+        assert result.meta["resubmits"] == 0 and result.finish_reason == "length"
+        versions_are_a_step(result.token_versions, old, old + 1)
+    finally:
+        await keep.close()
+
+
+async def test_user_abort_returns_partial_tokens_and_is_not_resubmitted(vllm, tokenizer):
+    prompt = chat_prompt(tokenizer, "Hello there")
+    running = asyncio.create_task(
+        vllm.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True), rid="job-1")
+    )
+    while not vllm.in_flight:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    await vllm.abort("job-1")
+    result = await running
+    assert result.finish_reason == "abort" and result.meta["resubmits"] == 0
+    assert 0 < len(result.output_ids) < LONG and len(result.logprobs) == len(result.output_ids)
+
+
+async def test_bad_requests_are_clear_errors_and_leave_the_server_serving(vllm, tokenizer):
+    prompt = chat_prompt(tokenizer, "Hello there")
+    with pytest.raises(EngineError, match="at least one prompt token"):
+        await vllm.generate([], GREEDY)
+    with pytest.raises(EngineError, match="(?i)maximum|context|length"):
+        await vllm.generate([11] * 3000, GREEDY)  # the server's context is 2048
+    with pytest.raises(EngineError, match="failed \\(400\\)"):
+        await vllm.generate(prompt + [len(tokenizer) + 10], GREEDY)
+    # checked before the push starts: a reload that fails inside vLLM leaves its model unusable
+    with pytest.raises(EngineError, match="not a directory of .safetensors"):
+        await vllm.update_weights("/nonexistent/weights", version=9)
+    with pytest.raises(EngineError, match="directory of safetensors or a state dict"):
+        await vllm.update_weights(42)
+    with pytest.raises(EngineError, match="unknown pause_mode"):
+        VLLMEngine(vllm.url, pause_mode="sideways")
+    nothing = await vllm.generate(prompt, SamplingParams(max_new_tokens=0))
+    assert nothing.output_ids == [] and nothing.finish_reason == "length"
+    keyless = VLLMEngine(vllm.url, retries=0)
+    with pytest.raises(EngineError, match="401 Unauthorized"):
+        await keyless.generate(prompt, GREEDY)
+    assert await keyless.health()  # /health stays open for probes
+    await keyless.close()
+    assert await vllm.health()
+    result = await vllm.generate(prompt, GREEDY)  # not left paused by the failed push
+    assert len(result.output_ids) == GREEDY.max_new_tokens and not vllm.pushes
+
+
+async def test_multi_turn_tool_env_rollout_keeps_exact_ids_and_logprobs(
+    vllm, served_model, tokenizer, recomputed_logprobs
+):
+    worker = RolloutWorker(vllm, tokenizer, RolloutConfig(max_turns=3, max_new_tokens=12, temperature=1.0))
+    trajectory = await worker.run_episode(lambda: envhub.make("Sokoban-v0"), "Sokoban-v0", seed=1)
+    assert trajectory.turns == 3 and trajectory.finish_reason == "max_turns"
+    ids, mask = trajectory.input_ids, trajectory.loss_mask
+    model_positions = [i for i, m in enumerate(mask) if m]
+    assert len(model_positions) >= 3 and len({trajectory.versions[i] for i in model_positions}) == 1
+    with torch.no_grad():  # one forward pass over the whole episode: each model token's logprob where it stands
+        logits = served_model(torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    expected = [logp[i - 1, ids[i]].item() for i in model_positions]
+    assert max_diff([trajectory.behavior_logprobs[i] for i in model_positions], expected) < LOGPROB_TOL
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "move",
+            "description": "Move one step.",
+            "parameters": {
+                "type": "object",
+                "properties": {"direction": {"type": "string", "enum": ["up", "down", "left", "right"]}},
+                "required": ["direction"],
+            },
+        },
+    }
+]
+
+
+async def test_chat_tool_calls_use_our_template_and_the_hermes_parser(vllm_url, tokenizer):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=vllm_url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "system", "content": "Push the box."}, {"role": "user", "content": "Go."}]
+    call = '<tool_call>{"name": "move", "arguments": {"direction": "up"}}</tool_call>'
+    forced = {"structured_outputs": {"regex": call.replace("{", "\\{").replace("}", "\\}")}}
+    try:
+        reply = await client.chat.completions.create(
+            model="tiny", messages=messages, tools=TOOLS, max_tokens=64, temperature=0, extra_body=forced
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        (tool_call,) = choice.message.tool_calls
+        assert tool_call.function.name == "move" and json.loads(tool_call.function.arguments) == {"direction": "up"}
+        # the next turn (tool call in history, tool result) renders exactly as envhub's template does
+        history = messages + [
+            {"role": "assistant", "content": "", "tool_calls": [tool_call.model_dump()]},
+            {"role": "tool", "tool_call_id": tool_call.id, "content": "You moved up."},
+        ]
+        rendered = await client.post(
+            "/chat/completions/render", body={"model": "tiny", "messages": history, "tools": TOOLS}, cast_to=object
+        )
+        ours = tokenizer.apply_chat_template(
+            history, tools=TOOLS, chat_template=HERMES_TEMPLATE.read_text(), tokenize=False, add_generation_prompt=True
+        )
+        assert rendered["token_ids"] == tokenizer(ours, add_special_tokens=False)["input_ids"]
+        assert call in ours and "<tool_response>\nYou moved up.\n</tool_response>" in ours
+    finally:
+        await client.close()
+
+
+async def test_envhub_eval_drives_it_with_native_tool_calls(vllm_url, tmp_path):
+    from envhub.agents.chat import ChatAgent
+
+    agent = ChatAgent(vllm_url + "/v1", api_key=KEY, max_tokens=16)
+    env = envhub.make("Sokoban-v0")
+    obs, info = await env.areset(seed=0)
+    agent.reset(info)
+    await agent.act(obs, info)
+    assert agent.endpoint.native_tools is True  # the server took `tools` natively (no text fallback)
+    await agent.endpoint.aclose()
+    out = tmp_path / "eval"
+    command = [sys.executable, "-m", "envhub.cli.main", "eval", "Sokoban-v0", "--agent", f"openai:{vllm_url}/v1"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [*command, "-n", "2", "--max-turns", "2", "--max-tokens", "16", "--api-key", KEY, "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 2 and all(e["error"] is None and e["steps"] == 2 for e in episodes)
