@@ -40,8 +40,9 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
         return await _vllm_engine(config, model, tokenizer)
     from envhub.trainer.engines.sglang_deploy import deployment_from_config
 
-    # attached (engine.url) or launched (engine.launch) SGLang servers, maybe behind sglang-router
-    return deployment_from_config(config, model, tokenizer)
+    # attached (engine.url) or launched (engine.launch) SGLang servers, maybe behind sglang-router; launching
+    # checks the install in a subprocess and may export the policy, so off the event loop
+    return await asyncio.to_thread(deployment_from_config, config, model, tokenizer)
 
 
 async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:

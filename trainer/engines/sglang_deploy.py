@@ -12,7 +12,6 @@ first call that needs them and stop on `close()`.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
+from envhub.trainer.engines.launcher import free_port
 from envhub.trainer.engines.routing import MultiEngine
 from envhub.trainer.engines.sglang import SGLangEngine
 from envhub.trainer.engines.sglang_launch import Launched, LaunchPlan, StartServer, launch, start_managed
@@ -85,9 +85,15 @@ class SGLangDeployment(InferenceEngine):
         await self.start()
         return self.router.url if self.router is not None else ",".join(e.url for e in self.workers.engines)
 
+    def raise_if_failed(self) -> None:
+        """Raise the exit of a launched server or router that stopped on its own (the run cannot go on)."""
+        if self.launched is not None:
+            self.launched.raise_if_failed()
+
     async def generate(self, input_ids: list[int], sampling: SamplingParams, **kwargs: Any) -> GenerateResult:
         """Generate through the router or the least-loaded worker (turns of one episode stay on one server)."""
         await self.start()
+        self.raise_if_failed()
         return await self.front.generate(input_ids, sampling, **kwargs)
 
     async def update_weights(self, path_or_state: Any, version: int | None = None, **kwargs: Any) -> None:
@@ -114,9 +120,7 @@ class SGLangDeployment(InferenceEngine):
             device = torch.device("cuda", torch.cuda.current_device())
         else:
             device = torch.device("cpu")
-        with socket.socket() as probe:  # a free port for the group's store (rank 0 listens there)
-            probe.bind((spec.address, 0))
-            port = probe.getsockname()[1]
+        port = free_port(spec.address)  # the group's store: rank 0 (this process) listens there
         return await self.workers.init_weights_update_group(
             spec.address, port, spec.backend, device, timeout_s=spec.timeout_s
         )

@@ -75,7 +75,13 @@ class LaunchPlan:
 
 
 class RunningProcess(Protocol):
-    """What a started process must offer: stop it (SIGTERM, then SIGKILL after `grace` seconds)."""
+    """What a started process must offer (envhub's `launcher.ManagedServer` does): its exit status (None while
+    it runs), the error saying how it ended, and stop (SIGTERM, then SIGKILL after `grace` seconds)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def exit_error(self) -> EngineError: ...
 
     def stop(self, grace: float = ...) -> Any: ...
 
@@ -261,6 +267,12 @@ class Launched:
 
     servers: list[RunningProcess]
     router: RunningProcess | None = None
+
+    def raise_if_failed(self) -> None:
+        """Raise the exit (code and log tail) of the first process that has stopped on its own."""
+        for process in [*self.servers, self.router]:
+            if process is not None and process.returncode is not None:
+                raise process.exit_error()
 
     async def stop(self) -> None:
         """Stop the router, then every server (each SIGTERM, SIGKILL after a grace period)."""

@@ -109,14 +109,14 @@ def test_missing_sglang_names_the_install_command(tmp_path):
         check_installed(str(tmp_path / "no-python"), router=False)
 
 
-def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
+async def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
     from envhub.trainer.models import load_model
     from envhub.trainer.serving import build_engine
 
     config = config_from_dict({**BASE, "engine": {"kind": "sglang", "launch": {}}, "out_dir": str(tmp_path)})
     model, tokenizer = load_model("tiny", device="cpu")
     with pytest.raises(EngineError, match="SGLang is not installed|needs CUDA GPUs"):
-        build_engine(config, model, tokenizer)
+        await build_engine(config, model, tokenizer)
     assert not (tmp_path / "weights").exists()  # nothing exported before the checks
 
 
@@ -128,6 +128,8 @@ def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
         ({"kind": "sglang", "launch": None}, "needs engine.url .* or engine.launch"),
         ({"kind": "local", "launch": {}}, "for kind: sglang"),
         ({"kind": "local", "weight_sync": "nccl"}, "for kind: sglang"),
+        ({"kind": "vllm", "launch": {}}, "for kind: sglang, not kind: vllm"),
+        ({"kind": "vllm", "weight_sync": "tensor"}, "for kind: sglang, not kind: vllm"),
         ({"kind": "sglang", "launch": {"router": {}}, "router_url": "http://r:1"}, "both launch and url"),
         ({"kind": "sglang", "launch": {"host": "0.0.0.0"}}, "without an API key"),
         ({"kind": "sglang", "launch": {"num_servers": 0}}, "num_servers must be at least 1"),

@@ -7,7 +7,8 @@ weight pushes, pauses and aborts go to every worker (the router has no such rout
 from __future__ import annotations
 
 import asyncio
-import socket
+import os
+import signal
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pytest
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.episodes import episode_key
+from envhub.trainer.engines.launcher import free_port
 from envhub.trainer.engines.sglang import SGLangEngine
 from envhub.trainer.engines.sglang_deploy import SGLangDeployment
 from envhub.trainer.engines.sglang_launch import (
@@ -34,12 +36,6 @@ pytest.importorskip("sglang_router")
 torch = pytest.importorskip("torch")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 async def cluster(tokenizer, tmp_path):
     """Two recorded serve-engine workers and sglang-router started with envhub's router command line."""
@@ -49,7 +45,7 @@ async def cluster(tokenizer, tmp_path):
     engines = [LocalEngine(tiny_llama(tokenizer, seed=0), tokenizer) for _ in range(2)]
     workers = [await recorded_server(e, weights_dirs=[tmp_path]) for e in engines]
     urls = [w[0] for w in workers]
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "router.log", "wb")
     router = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", *router_args(urls, "127.0.0.1", port)],
@@ -129,9 +125,9 @@ def _serve_engine(name: str, port: int, *extra: str) -> ServerCommand:
 
 async def test_launch_starts_servers_then_the_router_and_close_stops_them(tmp_path):
     """`launch()` with envhub's managed-process launcher: serve-engine stands in for sglang.launch_server
-    (which needs CUDA), the router is started from router_args; the deployment starts them at first use."""
-    pytest.importorskip("envhub.trainer.engines.launcher")
-    ports = [_free_port() for _ in range(3)]
+    (which needs CUDA), the router is started from router_args; the deployment starts them at first use,
+    reports a worker that dies, and stops everything on close."""
+    ports = [free_port() for _ in range(3)]
     urls = [f"http://127.0.0.1:{p}" for p in ports[:2]]
     plan = LaunchPlan(
         tuple(
@@ -151,13 +147,19 @@ async def test_launch_starts_servers_then_the_router_and_close_stops_them(tmp_pa
     assert len(result.output_ids) == 3 and await deployment.health()
     processes = [*deployment.launched.servers, deployment.launched.router]
     assert all(p.returncode is None for p in processes)
+    deployment.raise_if_failed()  # all running: nothing to raise
+    os.kill(processes[1].pid, signal.SIGKILL)  # a worker dies under the run
+    await asyncio.to_thread(processes[1].process.wait)
+    with pytest.raises(EngineError, match="the w1 server .* was killed by signal 9"):
+        deployment.raise_if_failed()  # what the training loop checks between steps
+    with pytest.raises(EngineError, match="the w1 server"):
+        await deployment.generate([1, 2, 3], SamplingParams(max_new_tokens=3))
     await deployment.close()
     assert all(p.returncode is not None for p in processes) and not await SGLangEngine(urls[0], retries=0).health()
 
 
 async def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
-    pytest.importorskip("envhub.trainer.engines.launcher")
-    ports = [_free_port() for _ in range(2)]
+    ports = [free_port() for _ in range(2)]
     good, bad = (f"http://127.0.0.1:{p}" for p in ports)
     missing = str(tmp_path / "no-model")
     plan = LaunchPlan(
