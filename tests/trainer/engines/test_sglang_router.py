@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.episodes import episode_key
-from envhub.trainer.engines.launcher import free_port
+from envhub.trainer.engines.launcher import ManagedServer, free_port, module_command
 from envhub.trainer.engines.sglang import SGLangEngine
 from envhub.trainer.engines.sglang_deploy import SGLangDeployment
 from envhub.trainer.engines.sglang_launch import (
@@ -46,26 +45,17 @@ async def cluster(tokenizer, tmp_path):
     workers = [await recorded_server(e, weights_dirs=[tmp_path]) for e in engines]
     urls = [w[0] for w in workers]
     port = free_port()
-    log = open(tmp_path / "router.log", "wb")
-    router = subprocess.Popen(
-        [sys.executable, "-m", "sglang_router.launch_router", *router_args(urls, "127.0.0.1", port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    router = ManagedServer.start(
+        "router", module_command(sys.executable, ROUTER_MODULE, router_args(urls, "127.0.0.1", port)), env=server_env()
     )
     deployment = SGLangDeployment([SGLangEngine(u) for u in urls], router_url=f"http://127.0.0.1:{port}")
     try:
-        for _ in range(600):
-            if router.poll() is not None:
-                pytest.fail((tmp_path / "router.log").read_text()[-3000:])
-            if await deployment.health():
-                break
-            await asyncio.sleep(0.1)
+        await router.wait_ready(f"http://127.0.0.1:{port}/readiness", timeout=300)  # both workers healthy
+        assert await deployment.health()
         yield deployment, engines, [w[1] for w in workers]
     finally:
         await deployment.close()
-        router.terminate()
-        router.wait(timeout=30)
-        log.close()
+        await asyncio.to_thread(router.stop)
         for _, _, runner, _ in workers:
             await runner.cleanup()
 
