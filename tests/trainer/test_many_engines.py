@@ -24,8 +24,8 @@ def weights_root(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
-@pytest.fixture(scope="module")
-def two_servers(weights_root):
+def _serve_two(weights_root):
+    """Two serve-engine servers of the tiny model (the trainer's initial policy), stopped after the yield."""
     ports = [free_port(), free_port()]
     procs = [
         subprocess.Popen(
@@ -54,6 +54,17 @@ def two_servers(weights_root):
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def two_servers(weights_root):
+    yield from _serve_two(weights_root)
+
+
+@pytest.fixture
+def fresh_servers(weights_root):
+    """Servers no earlier test has pushed weights to: a run's first step checks the engine serves its policy."""
+    yield from _serve_two(weights_root)
 
 
 async def wait_healthy(engine, procs):
@@ -118,10 +129,10 @@ def test_engine_urls_make_one_client_or_a_least_loaded_multi_engine():
 
 
 @pytest.mark.slow
-async def test_training_broadcasts_weights_to_every_server_over_one_group(two_servers, weights_root):
+async def test_training_broadcasts_weights_to_every_server_over_one_group(fresh_servers, weights_root):
     """engine.weight_sync nccl (gloo here): one process group, the trainer rank 0 and each server at its rank
     offset (1 and 2), formed at the first push; every push is one broadcast all servers receive."""
-    urls, procs = two_servers
+    urls, procs = fresh_servers
     probe = http_engines(urls)
     await wait_healthy(probe, procs)
     config = config_from_dict(
