@@ -169,3 +169,39 @@ async def test_a_server_that_fails_to_start_stops_the_others(tmp_path):
     with pytest.raises(EngineError, match="the bad server"):
         await launch(plan, start)
     assert len(started) == 1 and started[0].returncode is not None  # the good one was stopped again
+
+
+async def test_router_traffic_follows_sglangs_models_and_has_no_control_routes(cluster, tokenizer, tmp_path):
+    """A /generate built with SGLang's own request model goes through the router, and what comes back parses as
+    SGLang's GenerateResponse with its weight_versions spans; the control routes are not the router's (404), which
+    is why pushes, pauses and aborts go to each worker."""
+    import aiohttp
+
+    from envhub.trainer.models import tiny_llama
+    from tests.sglang_support import sglang_module
+
+    api = sglang_module("sglang.api.v1.api_types")
+    deployment, _, bodies = cluster
+    tiny_llama(tokenizer, seed=7).save_pretrained(tmp_path / "v3")
+    await deployment.update_weights(str(tmp_path / "v3"), version=3)
+    request = api.GenerateRequest(
+        input_ids=[1, 2, 3],
+        sampling_params=api.SamplingParams(max_new_tokens=4, temperature=0.0),
+        return_logprob=True,
+        rid="through-router",
+    )
+    router = deployment.router.url
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{router}/generate", json=request.to_json_value()) as response:
+            assert response.status == 200
+            meta = api.GenerateResponse.from_json_value(await response.json()).meta_info
+        async with http.get(f"{router}/get_model_info") as response:  # passed through to a worker
+            assert response.status == 200 and (await response.json())["weight_version"] == "3"
+        async with http.get(f"{router}/model_info") as response:  # 0.3.2 routes only the deprecated name
+            assert response.status == 404
+        for path in ("/update_weights_from_disk", "/pause_generation", "/abort_request", "/init_weights_update_group"):
+            async with http.post(f"{router}{path}", json={}) as response:
+                assert response.status == 404, path
+    assert meta.id == "through-router" and meta.completion_tokens == 4 and len(meta.output_token_logprobs) == 4
+    assert meta.weight_version == "3" and [(s.version, s.start, s.end) for s in meta.weight_versions] == [("3", 0, 4)]
+    assert sum(b.get("rid") == "through-router" for worker in bodies for p, b in worker if p == "/generate") == 1
