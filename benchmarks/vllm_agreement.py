@@ -9,8 +9,10 @@ One run: start a managed vLLM server (timed), then on chat prompts built from re
   plain forward pass at that position says whether it was a near tie), and |logprob difference| on the
   common prefix, against each other and against the forward pass;
 - sampled at T=1 and T=0.7: vLLM's reported logprobs against log_softmax(logits / T) of the forward pass;
-- weight pushes (state dict -> /dev/shm -> reload_weights between pause and resume) while 8 requests generate.
-Writes JSON with every figure and the machine's load.
+- weight pushes (state dict -> /dev/shm -> reload_weights between pause and resume) while 8 requests generate;
+- throughput: generated tokens/s of both engines on the same batch (default 32 sequences of 256 random prompt ids
+  + 128 new tokens, T=1, EOS ignored, all submitted at once), one engine at a time.
+`--only-throughput` skips the agreement and push sections. Writes JSON with every figure and the machine's load.
 """
 
 from __future__ import annotations
@@ -124,6 +126,33 @@ async def push_timings(vllm: VLLMEngine, model, prompts, pushes: int) -> list[di
     ]
 
 
+async def engine_throughput(engine, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Generated tokens per second with every prompt submitted at once."""
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
+    started = time.perf_counter()
+    results = await asyncio.gather(*[engine.generate(p, sampling) for p in prompts])
+    wall = time.perf_counter() - started
+    generated = sum(len(r.output_ids) for r in results)
+    return {"wall_s": wall, "generated_tokens": generated, "tokens_per_s": generated / wall}
+
+
+async def throughput(vllm: VLLMEngine, local: LocalEngine, vocab: int, args: argparse.Namespace) -> dict:
+    """Both engines on one batch of random prompts (the same ids), vLLM first."""
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, vocab, (args.prompt_tokens,), generator=rng).tolist() for _ in range(args.seqs)]
+    vllm_side = await engine_throughput(vllm, prompts, args.new_tokens)
+    local_side = await engine_throughput(local, prompts, args.new_tokens)
+    return {
+        "seqs": args.seqs,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "vllm": vllm_side,
+        "local": local_side,
+        "vllm_tokens_per_s": vllm_side["tokens_per_s"],
+        "local_tokens_per_s": local_side["tokens_per_s"],
+    }
+
+
 async def main(args: argparse.Namespace) -> dict:
     model_dir = served_model_dir(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -139,10 +168,15 @@ async def main(args: argparse.Namespace) -> dict:
             "model_dir": str(model_dir),
             "dtype": "float32",
             "vllm_startup_s": startup_s,
-            "greedy": await greedy_agreement(vllm, local, model, prompts, args.max_new_tokens),
-            "sampled": [await sampled_agreement(vllm, model, prompts, args.max_new_tokens, t) for t in (1.0, 0.7)],
-            "pushes": await push_timings(vllm, model, prompts, args.pushes),
         }
+        if not args.only_throughput:
+            report["greedy"] = await greedy_agreement(vllm, local, model, prompts, args.max_new_tokens)
+            report["sampled"] = [
+                await sampled_agreement(vllm, model, prompts, args.max_new_tokens, t) for t in (1.0, 0.7)
+            ]
+            report["pushes"] = await push_timings(vllm, model, prompts, args.pushes)
+        if args.seqs:
+            report["throughput"] = await throughput(vllm, local, len(tokenizer), args)
     finally:
         await local.close()
         await vllm.close()
@@ -150,20 +184,17 @@ async def main(args: argparse.Namespace) -> dict:
     return report
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--pushes", type=int, default=3)
-    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
-    parser.add_argument("--out", default="benchmarks/results/vllm_agreement.json")
-    args = parser.parse_args()
-    report = asyncio.run(main(args))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    greedy = report["greedy"]
+def print_report(report: dict) -> None:
     print(f"vLLM ready in {report['vllm_startup_s']:.1f} s")
+    if "throughput" in report:
+        t = report["throughput"]
+        print(
+            f"throughput ({t['seqs']} x {t['prompt_tokens']} prompt + {t['new_tokens']} new): vLLM "
+            f"{t['vllm_tokens_per_s']:.1f} tok/s, LocalEngine {t['local_tokens_per_s']:.1f} tok/s"
+        )
+    if "greedy" not in report:
+        return
+    greedy = report["greedy"]
     print(
         f"greedy: {greedy['prompts_identical']}/{greedy['prompts']} prompts with identical ids; max |dlogprob| "
         f"vs LocalEngine {greedy['max_abs_logprob_diff_vs_local']:.2e}, "
@@ -179,4 +210,23 @@ if __name__ == "__main__":
             f"push v{p['version']}: total {p['total_s']:.2f} s (write {p['write_s']:.2f}, "
             f"generation paused {p['paused_s']:.2f})"
         )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--pushes", type=int, default=3)
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
+    parser.add_argument("--seqs", type=int, default=32, help="throughput batch (0: skip the throughput section)")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--only-throughput", action="store_true")
+    parser.add_argument("--out", default="benchmarks/results/vllm_agreement.json")
+    args = parser.parse_args()
+    report = asyncio.run(main(args))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report)
     print(f"wrote {args.out}")

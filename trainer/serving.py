@@ -53,7 +53,7 @@ async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
     cfg = config.engine
     client = {"api_key": cfg.api_key or None, "pause_mode": cfg.pause_mode}
     if cfg.url:
-        return VLLMEngine(cfg.url, **client)
+        return await VLLMEngine.attach(cfg.url, **client)  # a wrong URL fails now, not at every episode
     engine_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
     model_dir = Path(tempfile.mkdtemp(prefix="envhub-vllm-policy-")) / "model"
     await asyncio.to_thread(save_model_dir, model, tokenizer, model_dir, engine_dtype)

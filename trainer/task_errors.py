@@ -3,18 +3,21 @@ failing again and again stops the run with its error instead of letting training
 
 Rollout sources report every finished episode (in this process or from Ray actors alike); `TaskErrors.observe`
 counts those that ended in an env error (raised while building, resetting or stepping the env) and clears a task's
-run of failures when one of its episodes ends without one. Engine errors (at generate) are counted apart.
+run of failures when one of its episodes ends without one. Engine errors (at generate) are counted apart and
+are not the task's fault; but an engine that has failed every episode for `engine_down_s` seconds (a server
+that died or was never reachable) stops the run with its last error instead of letting it spin forever.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EnvhubError
+from envhub.errors import EngineError, EnvhubError
 from envhub.trainer.trajectory import Trajectory
 
 ENV_STAGES = ("build", "reset", "step")  # where an exception is the env's (at "generate" it is the engine's)
@@ -38,8 +41,19 @@ class EpisodeError:
 class TaskErrors:
     """Counts failed episodes per task, logs each to a JSONL file, raises once a task fails `max_in_a_row` in a row."""
 
-    def __init__(self, max_in_a_row: int, log_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        max_in_a_row: int,
+        log_path: str | Path | None = None,
+        engine_down_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_in_a_row = max_in_a_row
+        self.engine_down_s = engine_down_s
+        self.clock = clock
+        self.engine_in_a_row = 0
+        self.engine_failing_since: float | None = None  # first engine error since an episode last ran
+        self.last_engine_error = ""
         self.log_path = Path(log_path) if log_path is not None else None
         self.total: dict[str, int] = {}
         self.in_a_row: dict[str, int] = {}
@@ -53,8 +67,13 @@ class TaskErrors:
             self.failed(trajectory.task, trajectory.seed, stage, trajectory.env_info.get("error", "unknown error"))
         elif trajectory.finish_reason == "error":
             self.engine_errors += 1
+            self.engine_in_a_row += 1
+            if self.engine_failing_since is None:
+                self.engine_failing_since = self.clock()
+            self.last_engine_error = str(trajectory.env_info.get("error", "unknown error"))[:2000]
         elif trajectory.finish_reason != "cancelled":
             self.succeeded(trajectory.task)
+            self.engine_in_a_row, self.engine_failing_since = 0, None  # an episode ran: the engine works
 
     def failed(self, task: str, seed: int | None, stage: str, error_text: str) -> None:
         """Record a failed episode."""
@@ -72,10 +91,17 @@ class TaskErrors:
         self.in_a_row[task] = 0
 
     def raise_if_failing(self) -> None:
-        """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed (never when the threshold is
-        0)."""
+        """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed, EngineError when the engine has
+        failed every episode (at least `max_in_a_row`) for `engine_down_s` seconds; never when the threshold is 0."""
         if self.max_in_a_row <= 0:
             return
+        down = self.clock() - self.engine_failing_since if self.engine_failing_since is not None else 0.0
+        if self.engine_in_a_row >= self.max_in_a_row and down >= self.engine_down_s:
+            raise EngineError(
+                f"the inference engine failed every episode for {down:.0f} s ({self.engine_in_a_row} in a row); "
+                f"last error: {self.last_engine_error}",
+                hint="is the engine server running and reachable at engine.url?",
+            )
         for task, count in self.in_a_row.items():
             if count >= self.max_in_a_row:
                 last = self.last[task]

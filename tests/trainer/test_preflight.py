@@ -136,6 +136,23 @@ def test_engine_errors_are_counted_apart_from_the_task():
     assert errors.metrics() == {"engine_errors": 1}
 
 
+def test_an_engine_failing_every_episode_for_a_minute_stops_the_run():
+    from envhub.errors import EngineError
+
+    now = [0.0]
+    errors = TaskErrors(max_in_a_row=3, engine_down_s=60.0, clock=lambda: now[0])
+    refused = "EngineError: vLLM at http://127.0.0.1:9/inference/v1/generate failed: connection refused"
+    for seed in range(5):
+        errors.observe(episode("A-v0", seed, refused, "generate"))
+    errors.raise_if_failing()  # five failures within a moment: a hiccup, not yet a dead engine
+    now[0] = 61.0
+    errors.observe(episode("A-v0", 5, refused, "generate"))
+    with pytest.raises(EngineError, match="failed every episode for 61 s \\(6 in a row\\); last error: .*refused"):
+        errors.raise_if_failing()
+    errors.observe(episode("A-v0", 6))  # one episode that ran: the engine works again
+    errors.raise_if_failing()
+
+
 def test_ctrl_c_before_the_first_step_names_no_file_that_was_never_written(tmp_path):
     import signal
     import time

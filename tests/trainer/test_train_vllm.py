@@ -4,6 +4,7 @@ stops the run with a clear error, never a hang, leaving no process behind."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 from pathlib import Path
@@ -46,6 +47,10 @@ async def test_ci_tiny_trains_through_vllm_and_learns(tmp_path):
     print(f"reward {early:.3f} -> {late:.3f} over {result.last_step} steps in {result.wall_s:.0f} s")
     assert result.last_step >= 5 and late > early + 0.08, rewards  # seen: 0.36-0.37 -> 0.50 in 7 steps
     assert all(row["push_s"] > 0 and 0 < row["push_paused_s"] <= row["push_s"] for row in result.history)
+    # sync: vLLM sampled with the weights the learner starts each step from, so their logprobs agree (fp32)
+    assert all(abs(row["learner"]["is_kl_k1"]) < 1e-3 for row in result.history), [
+        row["learner"]["is_kl_k1"] for row in result.history
+    ]
     assert len(set(server_pids)) == 1 and not _group_members(server_pids[0])  # the server and its children are gone
     assert weights_in_shm() == shm_before  # every pushed state dict was removed from RAM
 
@@ -55,7 +60,7 @@ async def test_killing_vllm_mid_run_stops_training_with_a_clear_error(tmp_path):
     config = config_from_dict(
         ci_tiny_vllm(
             tmp_path,
-            algorithm={"mode": "async", "max_staleness": 1, "lr": 0.002},
+            algorithm={"mode": "async", "max_staleness": 1, "lr": 0.002, "is_correction": {"level": "token"}},
             budget={"steps": 100, "checkpoint_every": 1000},
         )
     )
@@ -73,4 +78,7 @@ async def test_killing_vllm_mid_run_stops_training_with_a_clear_error(tmp_path):
     with pytest.raises(EngineError, match=r"vllm server \(pid \d+\) was killed by signal 9"):
         await asyncio.wait_for(trainer.run(), timeout=900)  # an error, not a hang
     assert len(rows) == 2 and all(row["staleness"] <= 1 for row in rows)  # the bound holds with vLLM's versions
+    # the train-inference correction ran on vLLM's logprobs (weights in (0, cap], a finite mismatch)
+    learner = [row["learner"] for row in rows]
+    assert all(0 < stats["is_weight_mean"] <= 2.0 and math.isfinite(stats["is_kl_k1"]) for stats in learner)
     assert not _group_members(killed[0])  # the orphaned engine core and workers were stopped too

@@ -164,6 +164,7 @@ class ManagedServer:
     def stop(self, grace: float = 15.0) -> int | None:
         """SIGTERM the whole process group, SIGKILL it after `grace` seconds; returns the main process's status."""
         self._group_pids |= _group_members(self.pid)
+        killed = self.returncode is not None  # it ended before we asked (a crash, an OOM kill): it may have leaked
         if _group_alive(self.pid):
             _signal_group(self.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
@@ -171,6 +172,7 @@ class ManagedServer:
                 self._reap()
                 time.sleep(0.1)
             if _group_alive(self.pid):
+                killed = True
                 self._group_pids |= _group_members(self.pid)
                 _signal_group(self.pid, signal.SIGKILL)
                 deadline = time.monotonic() + 10
@@ -180,7 +182,9 @@ class ManagedServer:
         self._reap()
         with _RUNNING_LOCK:
             _RUNNING.discard(self)
-        clean_shm_leftovers(self._shm_before, self._group_pids)
+        # A group that exited on our SIGTERM unlinked its own segments; only a killed or crashed one leaks them.
+        # Cleaning only then keeps us away from segments other servers are creating at this very moment.
+        clean_shm_leftovers(self._shm_before, self._group_pids, segments=killed)
         return self.process.returncode
 
     def _reap(self) -> None:
@@ -225,33 +229,43 @@ def _shm_names() -> set[str]:
         return set()
 
 
-def _mapped_shm() -> set[str]:
-    """Names of /dev/shm files some live process still maps."""
+def _mapped_shm() -> set[tuple[int, int]]:
+    """(device, inode) of every /dev/shm file some live process maps. By inode, not name: a named semaphore is
+    created under a temporary name and linked to its real one, so its creator's maps show `sem.XXXXXX (deleted)`."""
     mapped = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             text = maps.read_text()
         except OSError:
             continue
-        mapped.update(re.findall(r"/dev/shm/(\S+)", text))
+        for device, inode in re.findall(r"^\S+ \S+ \S+ ([0-9a-f]+:[0-9a-f]+) (\d+) +/dev/shm/", text, re.M):
+            major, minor = device.split(":")
+            mapped.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
     return mapped
 
 
-def clean_shm_leftovers(before: set[str], pids: set[int]) -> list[str]:
-    """Remove what a stopped server group left in /dev/shm: multiprocessing segments and semaphores that
-    appeared since it started and no live process maps (a SIGKILLed vLLM leaves ~400 MiB of rings), and
-    libiomp's files named after its pids."""
+def clean_shm_leftovers(before: set[str], pids: set[int], segments: bool = True) -> list[str]:
+    """Remove what a stopped server group left in /dev/shm: libiomp's files named after its pids and, with
+    `segments`, multiprocessing segments and semaphores that appeared since it started and no live process maps
+    (a SIGKILLed vLLM leaves ~400 MiB of rings)."""
     new = [name for name in _shm_names() - before if _SHM_LEFTOVER.match(name)]
     if not new:
         return []
-    mapped = _mapped_shm()
+    mapped = _mapped_shm() if segments else set()
     removed = []
     for name in new:
         if name.startswith("__KMP_REGISTERED_LIB_"):
             if not any(name.startswith(f"__KMP_REGISTERED_LIB_{pid}_") for pid in pids):
                 continue
-        elif name in mapped:
+        elif not segments:
             continue
+        else:
+            try:
+                info = (SHM / name).stat()
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) in mapped:
+                continue
         try:
             (SHM / name).unlink()
             removed.append(name)

@@ -134,6 +134,40 @@ class VLLMEngine(InferenceEngine):
             raise
         return cls(f"http://{args.host}:{args.port}", server=server, owned_paths=owned_paths, **client)
 
+    @classmethod
+    async def attach(cls, url: str, **client: Any) -> VLLMEngine:
+        """Connect to a running vLLM server, checking first that it answers, is vLLM (GET /version) and serves
+        the RL routes a weight push needs (GET /is_paused): a wrong URL fails here, not after every episode."""
+        engine = cls(url, **client)
+        try:
+            await engine._check_attached()
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    async def _check_attached(self) -> None:
+        where = f"the server at {self.url}"
+        start = "start one with `envhub serve-engine --backend vllm --rl-routes` or drop engine.url to launch one"
+        try:
+            async with self._client().get(self.url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as response:
+                status = response.status
+        except (*_CONNECTION_ERRORS, OSError) as exc:
+            raise EngineError(f"no server answers at {self.url}/health ({exc!r})", hint=start) from exc
+        if status != 200:
+            raise EngineError(f"{where} answered {status} to GET /health: not a healthy vLLM server", hint=start)
+        status, payload = await self._request("GET", "/version")
+        if status != 200 or not isinstance(payload, dict) or not isinstance(payload.get("version"), str):
+            raise EngineError(f"{where} is not vLLM: GET /version answered {status} {str(payload)[:200]}", hint=start)
+        version = payload["version"]
+        status, payload = await self._request("GET", "/is_paused")
+        if status != 200 or not isinstance(payload, dict) or "is_paused" not in payload:
+            raise EngineError(
+                f"{where} is vLLM {version} but does not serve its RL routes (GET /is_paused answered {status}), "
+                "so weights cannot be pushed",
+                hint="start it with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out (serve-engine's --rl-routes does)",
+            )
+
     async def close(self) -> None:
         """Close the HTTP session; stop the server if this engine launched it."""
         self._closed = True

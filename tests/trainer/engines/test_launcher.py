@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.launcher import SHM, ManagedServer, free_port, module_command
+from envhub.trainer.engines.launcher import SHM, ManagedServer, _group_members, free_port, module_command
 
 # A server with a child in its process group; its /health answers 200.
 SERVER = textwrap.dedent(
@@ -97,9 +97,12 @@ def test_sigterm_ignored_means_sigkill_after_the_grace_period(tmp_path):
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm")
 def test_a_killed_server_leaves_no_shared_memory_behind(tmp_path):
+    import multiprocessing
     from multiprocessing import shared_memory
 
     ours = shared_memory.SharedMemory(create=True, size=4096)  # someone else's live segment: must stay
+    # someone else's live semaphore, created while the server runs: its creator maps it as `sem.XXXXXX (deleted)`,
+    # never under its name, so only its inode tells that it is in use
     code = textwrap.dedent(
         """
         import os, signal, time
@@ -119,10 +122,12 @@ def test_a_killed_server_leaves_no_shared_memory_behind(tmp_path):
             time.sleep(0.05)
         ring = server.log_tail().split("ring ")[1].split()[0].lstrip("/")
         kmp = f"__KMP_REGISTERED_LIB_{server.pid}_0"
-        assert (SHM / ring).exists() and (SHM / kmp).exists()
-        server.stop(grace=0.5)
+        lock = multiprocessing.get_context("spawn").Lock()
+        semaphore = SHM / f"sem.{lock._semlock.name.lstrip('/')}"
+        assert (SHM / ring).exists() and (SHM / kmp).exists() and semaphore.exists()
+        assert server.stop(grace=0.5) == -signal.SIGKILL
         assert not (SHM / ring).exists() and not (SHM / kmp).exists()
-        assert (SHM / ours.name.lstrip("/")).exists()
+        assert (SHM / ours.name.lstrip("/")).exists() and semaphore.exists()
     finally:
         ours.close()
         ours.unlink()
@@ -174,3 +179,25 @@ def test_module_command_refuses_to_start_when_its_parent_is_gone():
     command[3] = "1"  # claim a parent pid that is not ours: the shim must exit instead of serving
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "parent exited before the server started" in done.stderr
+
+
+def test_ctrl_c_in_the_parent_stops_the_server_group():
+    port = free_port()
+    parent = run_parent(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from envhub.trainer.engines.launcher import ManagedServer, module_command
+            server = ManagedServer.start("interrupted", [sys.executable, "-c", {SERVER!r}, "{port}"])
+            print(server.pid, flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    server_pid = int(parent.stdout.readline())
+    time.sleep(1.0)
+    assert alive(server_pid)
+    parent.send_signal(signal.SIGINT)  # Ctrl-C: KeyboardInterrupt unwinds the parent, whose exit hook stops the group
+    output = parent.communicate(timeout=60)[0]
+    assert "KeyboardInterrupt" in output
+    assert wait_gone(server_pid) and not _group_members(server_pid)

@@ -199,6 +199,8 @@ async def test_bad_requests_are_clear_errors_and_leave_the_server_serving(vllm, 
         VLLMEngine(vllm.url, pause_mode="sideways")
     nothing = await vllm.generate(prompt, SamplingParams(max_new_tokens=0))
     assert nothing.output_ids == [] and nothing.finish_reason == "length"
+    attached = await VLLMEngine.attach(vllm.url, api_key=KEY)  # the trainer's check for engine.url passes
+    await attached.close()
     keyless = VLLMEngine(vllm.url, retries=0)
     with pytest.raises(EngineError, match="401 Unauthorized"):
         await keyless.generate(prompt, GREEDY)

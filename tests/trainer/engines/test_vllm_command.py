@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -99,3 +100,24 @@ def test_serve_engine_vllm_refuses_unsafe_or_meaningless_options(args, error, mo
     command = [sys.executable, "-m", "envhub.cli.main", "serve-engine", "--backend", "vllm", "--model", "tiny"]
     done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and error in done.stderr
+
+
+def test_served_model_dir_gives_vllm_a_loadable_directory_for_every_alias(tmp_path):
+    from envhub.trainer import models
+    from envhub.trainer.engines.vllm_weights import served_model_dir
+
+    tiny = served_model_dir("tiny")
+    config = json.loads((tiny / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 32 and any(tiny.glob("*.safetensors"))
+    smollm2 = served_model_dir("smollm2")  # the safetensors copy envhub caches (a plain Llama, no GGUF config)
+    config = json.loads((smollm2 / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert any(smollm2.glob("*.safetensors"))
+    tokenizer = models.load_tokenizer("tiny")
+    models.save_model_dir(models.tiny_llama(tokenizer, seed=1, num_heads=2), tokenizer, tmp_path / "ok")
+    assert served_model_dir(str(tmp_path / "ok")) == tmp_path / "ok"
+    models.save_model_dir(models.tiny_llama(tokenizer, seed=1), tokenizer, tmp_path / "default-tiny")
+    with pytest.raises(EngineError, match="head_dim 16"):  # refused before a server is started
+        served_model_dir(str(tmp_path / "default-tiny"))
+    with pytest.raises(EngineError, match="not a model directory"):
+        served_model_dir(str(tmp_path / "missing"))
