@@ -38,11 +38,10 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
         )
     if cfg.kind == "vllm":
         return await _vllm_engine(config, model, tokenizer)
-    from envhub.trainer.engines.sglang_deploy import deployment_from_config
+    from envhub.trainer.engines.sglang_deploy import build_deployment
 
-    # attached (engine.url) or launched (engine.launch) SGLang servers, maybe behind sglang-router; launching
-    # checks the install in a subprocess and may export the policy, so off the event loop
-    return await asyncio.to_thread(deployment_from_config, config, model, tokenizer)
+    # attached (engine.url, checked now) or launched (engine.launch) SGLang servers, maybe behind sglang-router
+    return await build_deployment(config, model, tokenizer)
 
 
 async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:

@@ -368,13 +368,16 @@ class SGLangEngine(InferenceEngine):
         """POST /abort_request with a body from `mark_aborted` (of this or another client of the same requests)."""
         await self._post("/abort_request", body)
 
+    async def get_json(self, path: str) -> tuple[int, Any]:
+        """GET `path` once; (status, JSON or text), or (0, None) when the server cannot be reached."""
+        try:
+            return await self._request("GET", path)
+        except EngineError:
+            return 0, None
+
     async def probe(self, path: str) -> int:
         """GET `path` once; its status, or 0 when the server cannot be reached."""
-        try:
-            status, _ = await self._request("GET", path)
-        except EngineError:
-            return 0
-        return status
+        return (await self.get_json(path))[0]
 
     async def flush_cache(self) -> bool:
         """True when the server flushed its prefix cache (it refuses while requests run)."""

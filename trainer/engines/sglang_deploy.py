@@ -146,6 +146,16 @@ class SGLangDeployment(InferenceEngine):
         checks = [self.workers.health()] + ([self._router_ready()] if self.router is not None else [])
         return all(await asyncio.gather(*checks))
 
+    async def check_attached(self) -> None:
+        """Before a run on attached servers: each worker answers /model_info as SGLang does and the router (if
+        any) /readiness; else EngineError naming the URL and the fix (a wrong URL fails now, not every episode)."""
+        await asyncio.gather(*[_check_worker(w) for w in self.workers.engines])
+        if self.router is not None and await self.router.probe("/readiness") != 200:
+            raise EngineError(
+                f"engine.router_url {self.router.url} does not answer /readiness as sglang-router does",
+                hint="start python -m sglang_router.launch_router --worker-urls ... there, or fix engine.router_url",
+            )
+
     async def _router_ready(self) -> bool:
         assert self.router is not None
         return await self.router.probe("/readiness") == 200
@@ -166,6 +176,41 @@ class SGLangDeployment(InferenceEngine):
             if self.launched is not None:
                 await self.launched.stop()
                 self.launched = None
+
+
+async def _check_worker(worker: SGLangEngine) -> None:
+    """EngineError unless `worker` answers /model_info with SGLang's model_path and weight_version."""
+    try:
+        info = await worker.model_info()
+    except EngineError as exc:
+        status, server_info = await worker.get_json("/get_server_info")
+        if status == 200 and "routers_count" in str(server_info):  # the router's answer (not typed as JSON)
+            raise EngineError(
+                f"engine.url {worker.url} is an sglang-router, not an SGLang server",
+                hint="put the router in engine.router_url and the servers behind it in engine.url",
+            ) from exc
+        raise EngineError(
+            f"engine.url {worker.url} is not an SGLang server that answers: {exc.args[0]}",
+            hint="start one there (python -m sglang.launch_server, or envhub serve-engine), or fix engine.url",
+        ) from exc
+    if not {"model_path", "weight_version"} <= set(info):
+        raise EngineError(
+            f"engine.url {worker.url} answered /model_info without SGLang's model_path and weight_version",
+            hint="engine.kind sglang speaks SGLang's API (for a vLLM server use engine.kind vllm)",
+        )
+
+
+async def build_deployment(config: Any, model: Any, tokenizer: Any) -> SGLangDeployment:
+    """`deployment_from_config` off the event loop (it may check the install and export the policy); attached
+    servers are checked before the run starts."""
+    deployment = await asyncio.to_thread(deployment_from_config, config, model, tokenizer)
+    if deployment.plan is None:
+        try:
+            await deployment.check_attached()
+        except BaseException:
+            await deployment.close()
+            raise
+    return deployment
 
 
 def deployment_from_config(

@@ -120,6 +120,17 @@ async def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
     assert not (tmp_path / "weights").exists()  # nothing exported before the checks
 
 
+async def test_attaching_to_a_url_where_nothing_answers_fails_before_the_run():
+    from envhub.trainer.engines.launcher import free_port
+    from envhub.trainer.serving import build_engine
+
+    url = f"http://127.0.0.1:{free_port()}"
+    config = config_from_dict({**BASE, "engine": {"kind": "sglang", "url": url}})
+    with pytest.raises(EngineError, match=f"engine.url {url} is not an SGLang server that answers") as caught:
+        await build_engine(config, None, None)
+    assert "fix engine.url" in caught.value.hint
+
+
 @pytest.mark.parametrize(
     ("engine", "message"),
     [

@@ -205,3 +205,18 @@ async def test_router_traffic_follows_sglangs_models_and_has_no_control_routes(c
     assert meta.id == "through-router" and meta.completion_tokens == 4 and len(meta.output_token_logprobs) == 4
     assert meta.weight_version == "3" and [(s.version, s.start, s.end) for s in meta.weight_versions] == [("3", 0, 4)]
     assert sum(b.get("rid") == "through-router" for worker in bodies for p, b in worker if p == "/generate") == 1
+
+
+async def test_attaching_checks_every_url_and_names_a_router_given_as_a_server(cluster):
+    deployment, _, _ = cluster
+    await deployment.check_attached()  # serve-engine workers answer /model_info as SGLang; the router /readiness
+    router, worker = deployment.router.url, deployment.workers.engines[0].url
+    swapped = SGLangDeployment([SGLangEngine(router, retries=0)])
+    with pytest.raises(EngineError, match=f"engine.url {router} is an sglang-router") as caught:
+        await swapped.check_attached()
+    assert "engine.router_url" in caught.value.hint
+    not_a_router = SGLangDeployment([SGLangEngine(worker)], router_url=worker)
+    with pytest.raises(EngineError, match=f"engine.router_url {worker} does not answer /readiness"):
+        await not_a_router.check_attached()
+    for client in (swapped, not_a_router):
+        await client.close()
