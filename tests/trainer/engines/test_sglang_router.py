@@ -52,7 +52,7 @@ async def cluster(tokenizer, tmp_path):
     try:
         await router.wait_ready(f"http://127.0.0.1:{port}/readiness", timeout=300)  # both workers healthy
         assert await deployment.health()
-        yield deployment, engines, [w[1] for w in workers]
+        yield deployment, engines, [w[1] for w in workers], router
     finally:
         await deployment.close()
         await asyncio.to_thread(router.stop)
@@ -61,7 +61,7 @@ async def cluster(tokenizer, tmp_path):
 
 
 async def test_episodes_stick_to_one_worker_through_the_router(cluster):
-    deployment, _, bodies = cluster
+    deployment, _, bodies, _ = cluster
 
     async def episode(name: str) -> None:
         episode_key.set(name)
@@ -80,7 +80,7 @@ async def test_episodes_stick_to_one_worker_through_the_router(cluster):
 async def test_pushes_pauses_and_aborts_go_to_every_worker(cluster, tokenizer, tmp_path):
     from envhub.trainer.models import tiny_llama
 
-    deployment, engines, bodies = cluster
+    deployment, engines, bodies, _ = cluster
     tiny_llama(tokenizer, seed=5).save_pretrained(tmp_path / "v1")
     await deployment.update_weights(str(tmp_path / "v1"), version=1)
     for worker in bodies:
@@ -181,7 +181,7 @@ async def test_router_traffic_follows_sglangs_models_and_has_no_control_routes(c
     from tests.sglang_support import sglang_module
 
     api = sglang_module("sglang.api.v1.api_types")
-    deployment, _, bodies = cluster
+    deployment, _, bodies, _ = cluster
     tiny_llama(tokenizer, seed=7).save_pretrained(tmp_path / "v3")
     await deployment.update_weights(str(tmp_path / "v3"), version=3)
     request = api.GenerateRequest(
@@ -208,7 +208,7 @@ async def test_router_traffic_follows_sglangs_models_and_has_no_control_routes(c
 
 
 async def test_attaching_checks_every_url_and_names_a_router_given_as_a_server(cluster):
-    deployment, _, _ = cluster
+    deployment, _, _, _ = cluster
     await deployment.check_attached()  # serve-engine workers answer /model_info as SGLang; the router /readiness
     router, worker = deployment.router.url, deployment.workers.engines[0].url
     swapped = SGLangDeployment([SGLangEngine(router, retries=0)])
@@ -220,3 +220,33 @@ async def test_attaching_checks_every_url_and_names_a_router_given_as_a_server(c
         await not_a_router.check_attached()
     for client in (swapped, not_a_router):
         await client.close()
+
+
+@pytest.mark.slow
+async def test_a_training_run_generates_through_the_router_and_pushes_to_each_worker(cluster, tmp_path):
+    """engine.url (the workers) + engine.router_url (the real router): rollouts go through the router, each
+    step's weights to every worker, and the first step's KL check finds the router's logprobs are the learner's."""
+    from envhub.trainer.config import config_from_dict
+    from envhub.trainer.train import Trainer
+
+    deployment, _, bodies, router = cluster
+    engine = {"kind": "sglang", "url": ",".join(w.url for w in deployment.workers.engines)}
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "engine": {**engine, "router_url": deployment.router.url},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
+            "budget": {"steps": 2, "checkpoint_every": 10},
+            "out_dir": str(tmp_path / "run"),
+        }
+    )
+    result = await Trainer(config).run()
+    assert result.last_step == 2
+    assert [await w.get_weight_version() for w in deployment.workers.engines] == [2, 2]
+    for worker in bodies:
+        assert [p for p, _ in worker].count("/update_weights_from_disk") == 2
+    generated = sum(p == "/generate" for worker in bodies for p, _ in worker)
+    routed = sum("/generate" in line and "finished processing" in line for line in router.log_tail(10**7).splitlines())
+    assert generated >= 16 and routed == generated  # every generation went through the router
