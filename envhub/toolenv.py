@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import time
 import weakref
 from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
@@ -327,6 +328,7 @@ class SandboxToolEnv(ToolEnv):
     workdir: str = ""
     _sandbox: Any = None
     _stack: contextlib.AsyncExitStack | None = None
+    acquire_s: float = 0.0  #: seconds the last reset waited for its sandbox (the run record's acquire latency)
 
     @property
     def sandbox(self) -> Any:
@@ -355,9 +357,18 @@ class SandboxToolEnv(ToolEnv):
     async def acquire(self, options: dict[str, Any]) -> None:
         """Take a fresh sandbox for the episode that is starting."""
         stack = contextlib.AsyncExitStack()
+        started = time.monotonic()
         self._sandbox = await stack.enter_async_context(self.open_sandbox())
+        self.acquire_s = time.monotonic() - started
         self._stack = stack
         self.workdir = type(self).workdir
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Reset with a fresh sandbox; `info["sandbox_acquire_s"]` says how long the pool took to hand it out."""
+        obs, info = await super().areset(seed=seed, options=options)
+        return obs, {**info, "sandbox_acquire_s": round(self.acquire_s, 4)}
 
     async def release(self) -> None:
         """Give the sandbox back to the pool (it is destroyed there and a fresh spare takes its place)."""

@@ -44,6 +44,7 @@ class SandboxLimits:
     tmp_mb: int = 64
     max_output_bytes: int = 1_000_000
     network: bool = False
+    cpuset: str = ""  # CPUs the sandbox's processes may run on ("1", "2-3"); "" = any (pins envs apart from engines)
 
 
 @dataclass(frozen=True)

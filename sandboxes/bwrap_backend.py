@@ -106,11 +106,12 @@ class BwrapSandbox(Sandbox):
         # Limits are applied by a tiny wrapper that runs before bwrap, not by a preexec_fn: a
         # preexec_fn (and cgroup v1 attach, which can take tens of ms) would run while the event
         # loop waits in fork/exec.
+        pin = ["taskset", "-c", self.limits.cpuset] if self.limits.cpuset else []
         if self.cgroup is not None:
             writes = "; ".join(f"echo $$ > {path}" for path in self.cgroup.procs_files())
-            return ["sh", "-c", f'{writes} && exec "$@"', "envhub-cgroup-enter"]
+            return ["sh", "-c", f'{writes} && exec "$@"', "envhub-cgroup-enter", *pin]
         memory, files = self.limits.memory_mb * 2**20, self.limits.workdir_mb * 2**20
-        return ["prlimit", f"--as={memory}", f"--nproc={self.limits.pids}", f"--fsize={files}", "--"]
+        return ["prlimit", f"--as={memory}", f"--nproc={self.limits.pids}", f"--fsize={files}", "--", *pin]
 
     async def _run(
         self, argv: list[str], *, timeout: float, stdin: bytes | None, cwd: str, env: dict[str, str], max_output: int

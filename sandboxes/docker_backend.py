@@ -106,6 +106,7 @@ class DockerSandbox(Sandbox):
                 mem_limit=f"{limits.memory_mb}m",
                 memswap_limit=f"{limits.memory_mb}m",
                 nano_cpus=int(limits.cpus * 1e9),
+                cpuset_cpus=limits.cpuset or None,
                 pids_limit=limits.pids,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],

@@ -40,6 +40,8 @@ class PoolMetrics:
     unhealthy: int
     start_p50_ms: float = 0.0  # creating one sandbox (container start), warm or cold
     start_p99_ms: float = 0.0
+    size: int = 0  # warm spares the pool keeps
+    max_size: int = 0  # sandboxes it hands out at once
 
     @property
     def hit_rate(self) -> float:
@@ -251,6 +253,8 @@ class SandboxPool:
             **self._counts,
             start_p50_ms=_percentile(self._start_times[-10_000:], 0.50) * 1000,
             start_p99_ms=_percentile(self._start_times[-10_000:], 0.99) * 1000,
+            size=self.size,
+            max_size=self.max_size,
         )
 
     async def close(self) -> None:

@@ -30,6 +30,8 @@ class MetricsLogger:
             f.write(json.dumps({"step": step, **flat}) + "\n")
         if self._writer is not None:
             for key, value in flat.items():
+                if key == "time":  # a wall-clock timestamp, not a curve
+                    continue
                 if isinstance(value, (int, float)) and not isinstance(value, bool):  # None: nothing this step
                     self._writer.add_scalar(key, value, step)
             self._writer.flush()

@@ -2,7 +2,8 @@
 
 Two kinds of JSON lines share the file:
 - `{"kind": "episode", ...}`: task, seed, group, policy versions, reward, finish reason, timings and each turn
-  (model text, parsed tool calls, observation capped with a marker, reward, generation and env seconds);
+  (model text, parsed tool calls, observation capped with a marker, reward, generation and env seconds, and when
+  each began: `at` and `env_at`, seconds since the episode started, from which `envhub plan` rebuilds the run);
 - `{"kind": "group", "group_id", "task", "outcome", "step"}`: what became of a group once it is known
   (trained, filtered, dropped_stale, failed, unfinished at the end of the run).
 
@@ -158,7 +159,7 @@ class EpisodeRecorder:
             if parsed.errors:
                 turn["tool_call_errors"] = list(parsed.errors)
             turn["text"] = cap_text(text, self.text_cap)
-        for key in ("generate_s", "env_s"):
+        for key in ("at", "generate_s", "env_at", "env_s"):
             if key in turn:
                 turn[key] = round(turn[key], 4)
         return turn
@@ -179,13 +180,20 @@ class EpisodeRecorder:
 
 
 def sandbox_pool_metrics() -> dict[str, dict[str, float]]:
-    """Usage of the process-wide sandbox pools that sandboxed envs (SWE) share, keyed by backend/image."""
-    swe = sys.modules.get("envhub.envs.swe.env")
-    pools = getattr(swe, "_pools", {}) if swe is not None else {}
+    """Usage of the process-wide sandbox pools that sandboxed envs share (`envhub.toolenv.shared_pool`, SWE's
+    per-image pools), keyed by backend:image."""
+    pools: dict[str, Any] = {}
+    toolenv = sys.modules.get("envhub.toolenv")
+    for by_spec in list(getattr(toolenv, "_pools", {}).values()):  # one table per event loop
+        for key, pool in list(by_spec.items()):
+            pools[f"{key[0]}:{key[1] or 'default'}"] = pool
+    workspace = sys.modules.get("envhub.envs.swe.workspace")
+    for key, pool in list(getattr(workspace, "_pools", {}).items()):
+        pools[f"swe-{key[0]}:{key[1] or 'default'}"] = pool
     out = {}
-    for key, pool in list(pools.items()):
+    for name, pool in pools.items():
         try:
-            out[f"{key[0]}:{key[1] or 'default'}"] = asdict(pool.metrics())
+            out[name] = asdict(pool.metrics())
         except Exception:  # a pool closed with its event loop has nothing to report
             continue
     return out

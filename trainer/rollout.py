@@ -38,6 +38,11 @@ class _Episode:
     info: dict[str, Any] = field(default_factory=dict)
     turn_log: list[dict[str, Any]] = field(default_factory=list)
     stage: str = "build"  # what the episode is doing: build, reset, generate or step (named by an error)
+    started: float = field(default_factory=time.monotonic)
+
+    def since_start(self) -> float:
+        """Seconds since the episode started (a turn's `at`: when its stage began, for `envhub plan`)."""
+        return time.monotonic() - self.started
 
     def extend(self, ids: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
         self.ids += ids
@@ -86,7 +91,7 @@ class RolloutWorker:
         """
         state = _Episode()
         episode_key.set(f"{group_id}/{id(state)}")  # this task's turns stay on one engine (prefix cache)
-        started = time.monotonic()
+        started = state.started
         env: Any = None
         finish = "error"
         self.episodes_running += 1
@@ -114,7 +119,7 @@ class RolloutWorker:
 
     async def _play(self, env: Any, seed: int, state: _Episode) -> str:
         cfg = self.config
-        reset_started = time.monotonic()
+        reset_at = state.since_start()
         state.stage = "reset"
         obs, info = await env.areset(seed=seed)
         state.turn_log.append(
@@ -122,7 +127,8 @@ class RolloutWorker:
                 "kind": "reset",
                 "observation": obs,
                 "system_prompt": info.get("system_prompt", ""),
-                "env_s": time.monotonic() - reset_started,
+                "at": reset_at,
+                "env_s": state.since_start() - reset_at,
             }
         )
         state.info = {k: v for k, v in info.items() if k not in ("tools", "system_prompt") and _is_plain(v)}
@@ -144,6 +150,7 @@ class RolloutWorker:
             result = await self.engine.generate(list(state.ids), sampling)
             turn = {
                 "kind": "turn",
+                "at": generate_started - state.started,
                 "generate_s": time.monotonic() - generate_started,
                 "prompt_tokens": len(state.ids),
                 "new_tokens": len(result.output_ids),
@@ -159,7 +166,12 @@ class RolloutWorker:
             step_started = time.monotonic()
             state.stage = "step"
             obs, reward, terminated, truncated, step_info = await env.astep(action)
-            turn.update(env_s=time.monotonic() - step_started, observation=obs, reward=float(reward))
+            turn.update(
+                env_at=step_started - state.started,
+                env_s=time.monotonic() - step_started,
+                observation=obs,
+                reward=float(reward),
+            )
             state.reward += float(reward)
             if terminated:
                 return "terminated"

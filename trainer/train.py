@@ -358,6 +358,7 @@ class Trainer:
             "learner": stats,
             "step_s": step_s,
             "elapsed_s": time.monotonic() - run.started,
+            "time": time.time(),  # wall clock, as in episodes.jsonl: time - elapsed_s is when the run started
             **run.errors.metrics(),
             "tasks": run.recorder.task_metrics(),
         }

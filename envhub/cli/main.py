@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "envhub.cli.serve_engine",
     "envhub.cli.train",
     "envhub.cli.view",
+    "envhub.cli.plan",
     "envhub.cli.collect",
     "envhub.cli.init",
 )

@@ -95,7 +95,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_bench_async(args: argparse.Namespace) -> int:
     from envhub.trainer.bench import main as bench_main
 
-    return bench_main(out=args.out, steps=args.steps)
+    return bench_main(out=args.out, steps=args.steps, workload=args.workload, keep_runs=args.keep_runs)
 
 
 def _cmd_bench_all(args: argparse.Namespace) -> int:
@@ -150,6 +150,16 @@ def add_commands(sub: Any) -> None:
         )
     p.add_argument("--out", default="async_vs_sync.json", help="where to write the JSON result")
     p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
+    p.add_argument(
+        "--workload",
+        choices=("latency", "sandbox", "sandbox-pinned"),
+        default="latency",
+        help="latency: an env with heavy-tailed waits; sandbox: a bash tool env in Docker sandboxes; "
+        "sandbox-pinned: the same with the trainer on CPU 0 and the sandboxes on CPU 1",
+    )
+    p.add_argument(
+        "--keep-runs", default=None, metavar="DIR", help="keep each mode's run directory (DIR/sync, DIR/async)"
+    )
     p.set_defaults(handler=_cmd_bench_async)
     p_all.add_argument("--out", default="bench-report", help="directory for report.md and report.json")
     p_all.add_argument("--quick", action="store_true", help="fewer samples and steps (a few minutes on a small CPU)")

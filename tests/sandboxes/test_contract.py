@@ -6,7 +6,7 @@ import tarfile
 import pytest
 
 from envhub.errors import SandboxError
-from envhub.sandboxes import ExecResult, LocalSandbox, SandboxPool
+from envhub.sandboxes import ExecResult, LocalSandbox, SandboxLimits, SandboxPool
 
 
 @pytest.fixture(params=["docker", "bwrap"])
@@ -85,6 +85,15 @@ async def test_timeout_is_a_result_not_an_exception(pool):
         r = await sb.exec("sleep 30", timeout=0.5)
         assert r.timed_out and r.exit_code != 0 and r.duration < 10
         assert (await sb.exec("echo alive", timeout=10)).stdout == "alive\n"
+
+
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+async def test_cpuset_pins_the_sandbox_to_those_cpus(backend, request):
+    request.getfixturevalue("base_rootfs" if backend == "bwrap" else "base_image")
+    async with SandboxPool(backend=backend, size=0, max_size=1, limits=SandboxLimits(cpuset="0")) as pool:
+        async with pool.acquire() as sb:
+            r = await sb.exec("grep Cpus_allowed_list /proc/self/status", timeout=20)
+    assert r.stdout.split() == ["Cpus_allowed_list:", "0"]
 
 
 async def test_local_sandbox_needs_opt_in():
