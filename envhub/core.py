@@ -197,6 +197,13 @@ class AgentEnv(TextRender, gym.Env[str, str]):
         if _overrides(type(self), "close") and not _overrides(type(self), "aclose"):
             self.close()
 
+    async def __aenter__(self) -> AgentEnv:
+        """`async with env:` closes it (`aclose`) however the block ends; `with env:` does the same with `close`."""
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     # -- helpers for subclasses -------------------------------------------------------------
     def base_info(self, **extra: Any) -> dict[str, Any]:
         """The reset `info` every env returns: system prompt and tool schemas, plus `extra`."""

@@ -236,6 +236,7 @@ async def run_episode(
     try:
         agent = agent_factory()
         record.agent = record.agent or agent.name
+        record.finish = "env"  # building the env is the env's side: a constructor that raises is an env error
         env = make_env(key, config)
         await asyncio.wait_for(_play(env, agent, key, config, record), timeout=config.episode_timeout_s)
     except TimeoutError:
@@ -251,6 +252,8 @@ async def run_episode(
         record.duration_s = round(time.monotonic() - started, 3)
         if env is not None:
             await _close(env)
+        if agent is not None:
+            await _close_agent(agent)
     if record.error_kind:
         record.finish = "timeout" if record.error_kind == "timeout" else "error"
     record.success = record.error_kind is None and record.reward >= config.success_threshold - 1e-9
@@ -289,6 +292,14 @@ async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, rec
 async def _close(env: Any) -> None:
     try:
         await env.aclose() if hasattr(env, "aclose") else env.close()
+    except Exception:  # closing must not hide the episode's outcome
+        pass
+
+
+async def _close_agent(agent: Agent) -> None:
+    """Release what the episode's agent holds (an agent built on a shared endpoint leaves the endpoint open)."""
+    try:
+        await agent.aclose()
     except Exception:  # closing must not hide the episode's outcome
         pass
 

@@ -3,7 +3,9 @@
 Rollout code cannot tell it from a local env: `areset`/`astep`/`aclose` talk to the server with
 aiohttp, and the sync methods drive them on envhub's background loop. Every request has a
 timeout; a server that is gone or stops answering raises `RemoteError` naming the URL, never hangs.
-Each reset opens a fresh server session (one session per episode) and closes the previous one.
+Each reset opens a fresh server session (one session per episode) and closes the previous one; a step that
+fails (env error, timeout, server gone) or is cancelled closes its session at once, and `with RemoteEnv(...)` /
+`async with` close it however the block ends. Only refusals that never reached the env (400, 413, 429) keep it.
 Construction does no I/O, so building many clients inside an event loop never blocks it; an
 unknown id or an unreachable server is reported by the first `reset`.
 The bearer token (`token=` or the ENVHUB_TOKEN environment variable) goes in every request's
@@ -29,7 +31,16 @@ if TYPE_CHECKING:  # aiohttp is imported on first use, keeping `import envhub` l
 
 
 class RemoteError(EnvhubError):
-    """A remote env server that cannot be reached, stopped answering, or refused a request."""
+    """A remote env server that cannot be reached, stopped answering, or refused a request (`status`: its HTTP
+    status, None when no answer came)."""
+
+    def __init__(self, message: str, hint: str = "", status: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.status = status
+
+
+# Refusals of a request the server never passed to the env: the episode is intact and the session is kept.
+_SESSION_INTACT = frozenset({400, 413, 429})
 
 
 def _serve_hint(url: str) -> str:
@@ -118,6 +129,7 @@ class RemoteEnv(AgentEnv):
             raise RemoteError(
                 f"envhub server at {self.url} refused {method} {path} (401): {body['error']}",
                 hint=f"pass RemoteEnv(token=...) or set {TOKEN_ENV} to the server's token",
+                status=401,
             )
         if status == 409:
             raise ResetNeeded(body["error"], hint=body.get("hint", "call reset()"))
@@ -126,6 +138,7 @@ class RemoteEnv(AgentEnv):
         raise RemoteError(
             f"envhub server at {self.url} refused {method} {path} ({status}): {body['error']}",
             hint=body.get("hint", ""),
+            status=status,
         )
 
     # -- AgentEnv -----------------------------------------------------------------------------
@@ -153,7 +166,15 @@ class RemoteEnv(AgentEnv):
     async def astep(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.session_id is None:
             raise ResetNeeded(f"step() before reset() on remote {self.env_id}", hint="call reset() first")
-        reply = await self._request("POST", f"/sessions/{self.session_id}/step", {"action": action})
+        try:
+            reply = await self._request("POST", f"/sessions/{self.session_id}/step", {"action": action})
+        except RemoteError as exc:
+            if exc.status not in _SESSION_INTACT:  # the env failed or the server is gone: the episode is over
+                await self._close_session()
+            raise
+        except BaseException:  # cancelled by the caller (a watchdog, a cut group) or 409: free the session now
+            await self._close_session()
+            raise
         return (
             reply["observation"],
             float(reply["reward"]),

@@ -130,6 +130,11 @@ class DockerSandbox(Sandbox):
             raise SandboxError(
                 f"cannot start a sandbox container: {exc.explanation or exc}", hint="check `docker info`"
             ) from None
+        except OSError as exc:  # the SDK's connection errors (requests') while the daemon is down or restarting
+            raise SandboxError(
+                f"Docker engine not reachable while starting a sandbox ({type(exc).__name__})",
+                hint="check `docker info`; the pool rebuilds its spares once the daemon answers again",
+            ) from None
         return container.id
 
     async def _run(
@@ -177,6 +182,11 @@ class DockerSandbox(Sandbox):
         # A fork bomb can leave no pid free for `kill`: stop the whole container instead.
         self.dead = True
         await asyncio.to_thread(self._remove)
+
+    async def running(self) -> bool:
+        """Whether the container still runs (one GET over the engine socket: a restarted Docker daemon stops
+        every container, and a stopped one must not be handed out)."""
+        return self.container_id is not None and not self.dead and await self._api.container_running(self.container_id)
 
     async def reset(self) -> None:
         """Kill every sandbox process, then empty /workspace and /tmp."""

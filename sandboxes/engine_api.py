@@ -138,6 +138,14 @@ class EngineAPI:
         finally:
             writer.close()
 
+    async def container_running(self, container_id: str) -> bool:
+        """Whether the engine runs this container now (False when it is gone, stopped, or the engine is down)."""
+        try:
+            status, data = await self._json("GET", f"/containers/{container_id}/json")
+        except SandboxError:
+            return False
+        return status == 200 and isinstance(data, dict) and bool((data.get("State") or {}).get("Running"))
+
     async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
         """The engine's state of an exec instance (ExitCode, Running, Pid)."""
         status, data = await self._json("GET", f"/exec/{exec_id}/json")

@@ -191,15 +191,23 @@ class SandboxPool:
     async def _take(self) -> Sandbox:
         while not self._spares.empty():
             since, sandbox = self._spares.get_nowait()
-            if getattr(sandbox, "dead", False) or (
-                time.monotonic() - since > self.health_interval and not await sandbox.healthy()
-            ):
+            if not await self._usable(sandbox, since):
                 self._counts["unhealthy"] += 1
                 self._spawn(self._destroy(sandbox))
                 continue
             return sandbox
         self._counts["cold_starts"] += 1
         return await self._create()
+
+    async def _usable(self, sandbox: Sandbox, since: float) -> bool:
+        """Whether a spare may be handed out: not dead, its container still running (checked on every take: a Docker
+        daemon restart stops them all, and the pool then rebuilds its spares), answering once past health_interval."""
+        if getattr(sandbox, "dead", False):
+            return False
+        running = getattr(sandbox, "running", None)
+        if running is not None and not await running():
+            return False
+        return time.monotonic() - since <= self.health_interval or await sandbox.healthy()
 
     async def _destroy(self, sandbox: Sandbox) -> None:
         try:

@@ -296,3 +296,22 @@ def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, t
     assert subprocess.run(argv, capture_output=True, text=True, timeout=300).returncode == 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 400 and sorted(r["seed"] for r in records) == list(range(400))
+
+
+async def test_an_agent_closes_the_client_it_made_but_never_a_shared_one(openai_server):
+    env = envhub.make("Letters-v0")
+    obs, info = env.reset(seed=0)
+    with pytest.raises(RuntimeError, match="the caller's own bug"):
+        async with ChatAgent(openai_server.base_url, openai_server.model, max_tokens=4) as agent:
+            agent.reset(info)
+            await agent.act(obs, info)
+            client = agent.endpoint._client
+            raise RuntimeError("the caller's own bug")
+    assert agent.endpoint._client is None and client.is_closed()  # its own endpoint: closed on the way out
+    async with ChatEndpoint(openai_server.base_url, openai_server.model) as shared:
+        async with ChatAgent(shared, max_tokens=4) as first:
+            first.reset(info)
+            await first.act(obs, info)
+        assert shared._client is not None and not shared._client.is_closed()  # other agents still use it
+        kept = shared._client
+    assert shared._client is None and kept.is_closed()

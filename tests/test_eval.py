@@ -334,3 +334,26 @@ def test_cli_exits_non_zero_when_every_episode_failed(capsys):
     assert main(["eval", "Math-v0", "--agent", "openai:http://127.0.0.1:1/v1#m", "-n", "2", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "2 episode(s) ended in an error" in err
+
+
+class ClosingAgent(RandomAgent):
+    """A random agent that notes when it is closed."""
+
+    closed = 0
+
+    async def aclose(self) -> None:
+        ClosingAgent.closed += 1
+
+
+async def test_an_env_whose_construction_fails_is_an_env_error_and_the_agent_is_closed(tmp_path):
+    ClosingAgent.closed = 0
+
+    def broken_env():
+        raise FileNotFoundError("levels.txt is missing")
+
+    config = EvalConfig(env_factories={"Broken-v0": broken_env})
+    summary = await evaluate(["Broken-v0"], ClosingAgent, episodes=2, out_dir=tmp_path, config=config)
+    assert summary["Broken-v0"]["errors"] == {"env_error": 2}  # the env's failure, not the agent's
+    records = EpisodeLog(tmp_path / "episodes.jsonl").load()
+    assert {r["error_kind"] for r in records} == {"env_error"} and "levels.txt is missing" in records[0]["error"]
+    assert ClosingAgent.closed == 2  # every episode's agent is closed, on the failure path too

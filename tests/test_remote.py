@@ -330,3 +330,97 @@ def test_an_env_that_raises_gives_500_and_leaves_no_session(env_server):
         env.reset(seed=0)
     assert len(env_server.server.sessions) == before
     env.close()
+
+
+class CrashingStepEnv(envhub.AgentEnv):
+    """An env whose step raises: the server answers 500."""
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        return "ready", info
+
+    def step(self, action):
+        raise RuntimeError("the grader crashed")
+
+
+def _sessions_of(server, env_id: str) -> int:
+    return sum(1 for s in server.server.sessions.values() if s.env_id == env_id)
+
+
+async def test_a_failed_step_closes_its_session_at_once(env_server):
+    envhub.register("CrashingStepTest-v0", CrashingStepEnv)
+    env = RemoteEnv(env_server.url, "CrashingStepTest-v0")
+    await env.areset(seed=0)
+    assert _sessions_of(env_server, "CrashingStepTest-v0") == 1
+    with pytest.raises(RemoteError, match="500.*grader crashed") as err:
+        await env.astep("go")
+    assert err.value.status == 500 and env.session_id is None
+    assert _sessions_of(env_server, "CrashingStepTest-v0") == 0  # freed without waiting for aclose or the reaper
+    await env.aclose()
+
+
+async def test_a_cancelled_step_closes_its_session(env_server):
+    envhub.register("SlowSyncTest-v0", SlowSyncEnv)
+    env = RemoteEnv(env_server.url, "SlowSyncTest-v0")
+    await env.areset(seed=0)
+    step = asyncio.ensure_future(env.astep("go"))
+    while _sessions_of(env_server, "SlowSyncTest-v0") and not any(
+        s.lock.locked() for s in env_server.server.sessions.values() if s.env_id == "SlowSyncTest-v0"
+    ):
+        await asyncio.sleep(0.01)  # until the server is inside the step
+    step.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    assert env.session_id is None and _sessions_of(env_server, "SlowSyncTest-v0") == 0
+    await env.aclose()
+
+
+async def test_a_refused_action_keeps_the_session_for_the_next_step():
+    from envhub.server.guard import ServerLimits
+    from tests.conftest import start_server
+
+    running, stop = start_server(limits=ServerLimits(max_action_chars=8))
+    try:
+        env = RemoteEnv(running.url, "TicTacToe-SelfPlay-v0")
+        await env.areset(seed=0)
+        with pytest.raises(RemoteError, match="413") as err:
+            await env.astep("B2" * 100)
+        assert err.value.status == 413 and env.session_id is not None  # never reached the env: the episode goes on
+        await env.astep("B2")
+        await env.aclose()
+        assert not running.server.sessions
+    finally:
+        stop()
+
+
+def test_with_and_async_with_close_the_session_however_the_block_ends(env_server):
+    with pytest.raises(ValueError, match="the caller's own bug"):
+        with RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0") as env:
+            env.reset(seed=0)
+            sid = env.session_id
+            raise ValueError("the caller's own bug")
+    assert sid not in env_server.server.sessions and not env._clients
+
+    opened = []
+
+    async def inside_a_loop():
+        async with RemoteEnv(env_server.url, "TicTacToe-SelfPlay-v0") as env:
+            await env.areset(seed=0)
+            opened.append(env.session_id)
+            raise ValueError("the caller's own bug")
+
+    with pytest.raises(ValueError, match="the caller's own bug"):
+        asyncio.run(inside_a_loop())
+    assert opened and opened[0] not in env_server.server.sessions
+
+
+async def test_the_env_listing_is_cached_yet_shows_an_env_registered_later(env_server):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(env_server.url + "/envs") as reply:
+            before = {e["id"] for e in await reply.json()}
+        envhub.register("ListedLaterTest-v0", CrashingStepEnv)
+        async with http.get(env_server.url + "/envs") as reply:
+            after = {e["id"] for e in await reply.json()}
+        async with http.get(env_server.url + "/envs", params={"tag": "no-such-tag"}) as reply:
+            assert await reply.json() == []
+    assert after - before == {"ListedLaterTest-v0"}

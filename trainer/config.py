@@ -87,10 +87,18 @@ class EngineConfig:
     max_batch_size: int = 16  #: requests the local engine batches together
     prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
+    dtype: Literal["auto", "float32", "bfloat16"] = (
+        "auto"  #: local engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX) and with a bf16 learner; else fp32
+    )
+    kv_cache_mb: float = 2048.0  #: local engine: KV cache budget; requests queue when it is full
+    cuda_graphs: bool = True  #: local engine on CUDA: replay decode steps from captured CUDA graphs
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
         "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
     )
     api_key: str = ""  #: the server's --api-key (default: $ENVHUB_ENGINE_API_KEY)
+    max_outage_s: float = (
+        300.0  #: an engine server that stops answering is waited for this long (backoff), then the run stops
+    )
     max_model_len: int = 0  #: vllm: context length (0 = the model's, at most 8192)
     kv_cache_gib: float = 2.0  #: vllm: KV cache memory of a launched server (VLLM_CPU_KVCACHE_SPACE)
     startup_timeout_s: float = 900.0  #: vllm: seconds a launched server may take to answer /health
@@ -328,6 +336,8 @@ class TrainConfig:
         self.engine.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
+        if self.engine.max_outage_s < 0:
+            raise ConfigError(f"engine.max_outage_s must be >= 0 (0 = stop at once), got {self.engine.max_outage_s}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
         if self.model.tiny_heads < 1 or self.model.tiny_hidden % self.model.tiny_heads:

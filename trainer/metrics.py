@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from envhub.trainer.records import write_failure
+
 
 class MetricsLogger:
     """Writes metrics.jsonl, TensorBoard events (tb/) and reward_curve.png under `out_dir`."""
 
-    def __init__(self, out_dir: str | Path, tensorboard: bool = True) -> None:
+    def __init__(self, out_dir: str | Path, tensorboard: bool = True, purge_step: int | None = None) -> None:
+        """`purge_step`: a resumed run's first step; TensorBoard hides what an earlier process logged from it on."""
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / "metrics.jsonl"
@@ -19,22 +22,25 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(str(self.out_dir / "tb"))
+                self._writer = SummaryWriter(str(self.out_dir / "tb"), purge_step=purge_step)
             except ImportError:  # tensorboard is optional: JSONL and the PNG still work
                 self._writer = None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Append one step's metrics (nested dicts become slash-separated keys)."""
         flat = _flatten(metrics)
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **flat}) + "\n")
-        if self._writer is not None:
-            for key, value in flat.items():
-                if key == "time":  # a wall-clock timestamp, not a curve
-                    continue
-                if isinstance(value, (int, float)) and not isinstance(value, bool):  # None: nothing this step
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, **flat}) + "\n")
+            if self._writer is not None:
+                for key, value in flat.items():
+                    if key == "time":  # a wall-clock timestamp, not a curve
+                        continue
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):  # None: nothing this step
+                        self._writer.add_scalar(key, value, step)
+                self._writer.flush()  # raises what TensorBoard's writer thread met
+        except OSError as exc:
+            raise write_failure(Path(exc.filename) if exc.filename else self.path, exc) from exc
 
     def read(self) -> list[dict[str, Any]]:
         """Every logged row."""
@@ -72,8 +78,11 @@ class MetricsLogger:
     def close(self) -> None:
         """Flush and close TensorBoard."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            except OSError:  # a full disk: the failed write was reported by `log`
+                pass
 
 
 def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

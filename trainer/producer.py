@@ -48,7 +48,7 @@ class GroupProducer:
         self.rewards = RecentRewards(reward_window)
         self.in_flight: set[asyncio.Task[None]] = set()
         self.step = 0  # the learner step new group ids are labelled with
-        self._started = 0
+        self.started = 0  # groups started over the whole run (a resumed run continues the count): ids stay unique
 
     async def run(self) -> None:
         """Start groups forever (cancel the task running this to stop)."""
@@ -57,8 +57,8 @@ class GroupProducer:
             await limit.acquire()
             await self.queue.admit()
             task, seed = self.sampler.sample()
-            self._started += 1
-            group = asyncio.create_task(self._play(task, seed, f"{self.step}-{self._started}"))
+            self.started += 1
+            group = asyncio.create_task(self._play(task, seed, f"{self.step}-{self.started}"))
             self.in_flight.add(group)
             group.add_done_callback(lambda done: (self.in_flight.discard(done), limit.release()))
 

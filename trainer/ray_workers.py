@@ -66,8 +66,10 @@ class EnvWorker:
         rollout: RolloutConfig,
         entry_points: dict[str, str],
         api_key: str | None = None,
+        max_outage_s: float = 300.0,
         imports: tuple[str, ...] = (),
     ) -> None:
+        from envhub.trainer.engine_watch import WatchedEngine
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout import RolloutWorker
         from envhub.trainer.tasks import env_factory
@@ -78,7 +80,8 @@ class EnvWorker:
             if env_id not in known:
                 envhub.register(env_id, entry)
         self._env_factory = env_factory
-        self.engine = http_engines(engine_urls, api_key=api_key)
+        # an engine server that dies mid-run is waited for and the episode's request resubmitted, as in the driver
+        self.engine = WatchedEngine(http_engines(engine_urls, api_key=api_key), max_outage_s)
         self.worker = RolloutWorker(self.engine, load_tokenizer(tokenizer_name), rollout)
         self.factories: dict[str, Any] = {}
 
@@ -118,6 +121,7 @@ class RayRolloutSource:
             config.rollout,
             _portable_entry_points(config.tasks),
             api_key,
+            config.engine.max_outage_s,
             tuple(config.imports),
         )
         self._actor_cls = ray.remote(EnvWorker)

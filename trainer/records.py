@@ -9,7 +9,9 @@ Two kinds of JSON lines share the file:
 
 Each line is flushed as it is written, so a crash or Ctrl-C loses nothing already played. When the file passes
 `max_bytes` it is renamed to `episodes.NNNNNN.jsonl` and a fresh `episodes.jsonl` begins; `read_episodes` reads
-every shard in order and joins each episode with its group's outcome.
+every shard in order and joins each episode with its group's outcome. `state()` is what a checkpoint keeps of the
+recorder (its counters, the groups still undecided, where the file stood); `envhub.trainer.resume` puts the
+record back there when a run resumes.
 """
 
 from __future__ import annotations
@@ -22,11 +24,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from envhub.errors import EnvhubError
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.trajectory import Trajectory
 
 SUCCESS_REWARD = 1.0  # an episode whose return reaches this counts as a success in the per-task metrics
 OUTCOMES = ("trained", "filtered", "dropped_stale", "failed", "unfinished")
+
+
+class RecordError(EnvhubError):
+    """A file of the run record that cannot be written (disk full, read-only or unwritable run directory)."""
+
+
+def write_failure(path: Path, exc: OSError) -> RecordError:
+    """The one-line error for a record file that could not be written."""
+    return RecordError(
+        f"cannot write {path}: {exc.strerror or exc}",
+        hint=f"free space or fix the permissions of {path.parent}, then resume with --resume",
+    )
 
 
 def cap_text(text: str, limit: int) -> str:
@@ -75,6 +90,8 @@ class EpisodeRecorder:
         self.model_tokens = 0
         self.started = time.monotonic()
         self._pending: dict[str, str] = {}  # group id -> task, for groups whose outcome is not known yet
+        self.shards = len(list(self.out_dir.glob("episodes.[0-9]*.jsonl")))
+        self.write_error: RecordError | None = None  # set by the first write that fails; the trainer stops on it
         self._file = self.path.open("a", encoding="utf-8")
 
     def episode(self, trajectory: Trajectory, step: int) -> None:
@@ -144,9 +161,36 @@ class EpisodeRecorder:
 
     def close(self, step: int) -> None:
         """Mark groups still in flight as unfinished and close the file."""
-        for group_id, task in list(self._pending.items()):
+        self.mark_unfinished(dict(self._pending), step)
+        try:
+            self._file.close()
+        except OSError:  # a full disk: the failed write was reported when it happened
+            pass
+
+    def raise_if_failed(self) -> None:
+        """Raise the first write failure (RecordError), if any."""
+        if self.write_error is not None:
+            raise self.write_error
+
+    def mark_unfinished(self, groups: dict[str, str], step: int) -> None:
+        """Record `groups` (group id -> task) as unfinished: their episodes were played, the group never trained."""
+        for group_id, task in groups.items():
             self.group(group_id, task, "unfinished", step)
-        self._file.close()
+
+    def state(self) -> dict[str, Any]:
+        """The per-task counters, the undecided groups and the file's position (shards, bytes), for a checkpoint."""
+        return {
+            "tasks": {task: asdict(c) for task, c in self.tasks.items()},
+            "episodes_done": self.episodes_done,
+            "pending": dict(self._pending),
+            "shards": self.shards,
+            "bytes": self._file.tell() if not self._file.closed else self.path.stat().st_size,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the counters of `state()` (the file itself is rewound by `envhub.trainer.resume`)."""
+        self.tasks.update({task: TaskCounters(**c) for task, c in state.get("tasks", {}).items()})
+        self.episodes_done = int(state.get("episodes_done", 0))
 
     def _turn(self, entry: dict[str, Any]) -> dict[str, Any]:
         turn = dict(entry)
@@ -165,17 +209,21 @@ class EpisodeRecorder:
         return turn
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file.closed:
+        if self._file.closed or self.write_error is not None:
             return
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
-        if self._file.tell() >= self.max_bytes:
-            self._rotate()
+        try:
+            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.flush()
+            if self._file.tell() >= self.max_bytes:
+                self._rotate()
+        except OSError as exc:  # never raised into the episode that ended: kept for the trainer to stop on
+            self.write_error = write_failure(self.path, exc)
 
     def _rotate(self) -> None:
         self._file.close()
         index = 1 + max((int(p.name.split(".")[1]) for p in self.out_dir.glob("episodes.[0-9]*.jsonl")), default=0)
         self.path.rename(self.out_dir / f"episodes.{index:06d}.jsonl")
+        self.shards += 1
         self._file = self.path.open("a", encoding="utf-8")
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import torch
+
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.learner.precision import export_weights, resolve_precision
@@ -28,13 +30,17 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
     if cfg.kind == "local":
         from envhub.trainer.engines.local import LocalEngine
 
-        engine_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
+        learner_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
+        bf16_learner = cfg.dtype == "auto" and learner_dtype == torch.bfloat16
         return LocalEngine(
-            copy.deepcopy(model).to(engine_dtype).eval(),
+            copy.deepcopy(model).eval(),
             tokenizer,
             max_batch_size=cfg.max_batch_size,
             prefix_cache_mb=cfg.prefix_cache_mb,
             prefill_chunk=cfg.prefill_chunk,
+            dtype=torch.bfloat16 if bf16_learner else cfg.dtype,
+            kv_cache_mb=cfg.kv_cache_mb,
+            cuda_graphs=None if cfg.cuda_graphs else False,
         )
     if cfg.kind == "vllm":
         return await _vllm_engine(config, model, tokenizer)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import EngineError, EnvhubError
+from envhub.trainer.records import RecordError, write_failure
 from envhub.trainer.trajectory import Trajectory
 
 ENV_STAGES = ("build", "reset", "step")  # where an exception is the env's (at "generate" it is the engine's)
@@ -59,6 +60,7 @@ class TaskErrors:
         self.in_a_row: dict[str, int] = {}
         self.last: dict[str, EpisodeError] = {}
         self.engine_errors = 0
+        self.write_error: RecordError | None = None  # the log could not be written (raised by raise_if_failing)
 
     def observe(self, trajectory: Trajectory) -> None:
         """Count one finished episode: an env error, an engine error, or an episode that ran (cancelled ones aside)."""
@@ -81,18 +83,24 @@ class TaskErrors:
         self.total[task] = self.total.get(task, 0) + 1
         self.in_a_row[task] = self.in_a_row.get(task, 0) + 1
         self.last[task] = error
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("a") as handle:
-                handle.write(json.dumps(asdict(error)) + "\n")
+        if self.log_path is not None and self.write_error is None:
+            try:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_path.open("a") as handle:
+                    handle.write(json.dumps(asdict(error)) + "\n")
+            except OSError as exc:
+                self.write_error = write_failure(self.log_path, exc)
 
     def succeeded(self, task: str) -> None:
         """Record an episode that ended without an exception."""
         self.in_a_row[task] = 0
 
     def raise_if_failing(self) -> None:
-        """Raise TaskFailing for a task whose last `max_in_a_row` episodes all failed, EngineError when the engine has
-        failed every episode (at least `max_in_a_row`) for `engine_down_s` seconds; never when the threshold is 0."""
+        """Raise a record write error first; TaskFailing for a task whose last `max_in_a_row` episodes all failed,
+        EngineError when the engine has failed every episode (at least `max_in_a_row`) for `engine_down_s` seconds;
+        never when the threshold is 0."""
+        if self.write_error is not None:
+            raise self.write_error
         if self.max_in_a_row <= 0:
             return
         down = self.clock() - self.engine_failing_since if self.engine_failing_since is not None else 0.0
@@ -110,6 +118,22 @@ class TaskErrors:
                     hint=f"fix the env or the task's kwargs; every failure is in {self.log_path or 'the metrics'}; "
                     "rollout.max_task_errors sets this threshold (0 never stops)",
                 )
+
+    def state(self) -> dict[str, Any]:
+        """Counts and last errors, for a checkpoint (a resumed run continues them)."""
+        return {
+            "total": dict(self.total),
+            "in_a_row": dict(self.in_a_row),
+            "last": {task: asdict(error) for task, error in self.last.items()},
+            "engine_errors": self.engine_errors,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the counts of `state()`."""
+        self.total = {k: int(v) for k, v in state.get("total", {}).items()}
+        self.in_a_row = {k: int(v) for k, v in state.get("in_a_row", {}).items()}
+        self.last = {k: EpisodeError(**v) for k, v in state.get("last", {}).items()}
+        self.engine_errors = int(state.get("engine_errors", 0))
 
     def metrics(self) -> dict[str, Any]:
         """Failed-episode counts and the last exception text per task, for the step's metrics row."""

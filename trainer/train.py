@@ -9,6 +9,7 @@ published version v+1, so nothing overlaps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import sys
@@ -22,9 +23,16 @@ import torch
 
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
+from envhub.trainer.engine_watch import WatchedEngine
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
-from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from envhub.trainer.learner.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
 from envhub.trainer.metrics import MetricsLogger
@@ -33,6 +41,7 @@ from envhub.trainer.preflight import preflight
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.queue import TrajectoryQueue
 from envhub.trainer.records import EpisodeRecorder
+from envhub.trainer.resume import ERRORS_FILE, record_state, restore_record, rewind_record, stop_error
 from envhub.trainer.rollout import RolloutWorker
 from envhub.trainer.rollout_sources import LocalRollouts, RolloutSource
 from envhub.trainer.serving import build_engine, push_weights
@@ -105,6 +114,8 @@ class _Run:
     ended_cleanly: bool = False
     warned_off_policy: bool = False
     final_state: dict[str, torch.Tensor] | None = None
+    save_attempted: int = -1  # the step of the last save begun (a failed one is not tried again on the way out)
+    save_error: CheckpointError | None = None  # the last save, on the way out, could not be written
 
 
 class Trainer:
@@ -142,27 +153,39 @@ class Trainer:
             return TrainResult(self.out_dir, 0, 0, False, time.monotonic() - started, None, stop_reason="follower")
         try:
             run = await self._prepare(resume, started)
-        except BaseException:
+        except BaseException as failure:
             await self._abandon()
-            raise
+            if (stopped := stop_error(failure, self.out_dir, None)) is failure:
+                raise
+            raise stopped from failure
         producing = asyncio.create_task(run.producer.run())
         try:
-            while run.step < self.config.budget.steps and not run.interrupted:
-                batch = await self._next_batch(run, producing)
-                if batch is None:
-                    break
-                await self._train_step(run, batch)
-                run.interrupted = self._stop.is_set()
-            if run.interrupted:
-                self.stop_reason = "interrupted"
-            run.ended_cleanly = True
-        finally:
+            await self._train_until_stopped(run, producing)
+        except BaseException as failure:
             await self._finish(run, producing)
+            if (stopped := stop_error(failure, self.out_dir, run.step)) is failure:
+                raise
+            raise stopped from failure
+        await self._finish(run, producing)
+        if run.save_error is not None:  # the last checkpoint could not be written: the previous one is intact
+            raise run.save_error
         await self._evaluate_after(run)
         wall_s = time.monotonic() - started
         return TrainResult(
             self.out_dir, run.first_step, run.step, run.interrupted, wall_s, run.saved, run.history, self.stop_reason
         )
+
+    async def _train_until_stopped(self, run: _Run, producing: asyncio.Task[None]) -> None:
+        """Steps until a budget is spent, a stop is requested or the queue says why training cannot go on."""
+        while run.step < self.config.budget.steps and not run.interrupted:
+            batch = await self._next_batch(run, producing)
+            if batch is None:
+                break
+            await self._train_step(run, batch)
+            run.interrupted = self._stop.is_set()
+        if run.interrupted:
+            self.stop_reason = "interrupted"
+        run.ended_cleanly = True
 
     # -- prepare ------------------------------------------------------------------------------------------------
     async def _prepare(self, resume: bool, started: float) -> _Run:
@@ -172,11 +195,15 @@ class Trainer:
         await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
-        resuming = resume and latest_checkpoint(self.out_dir) is not None
+        saved = latest_checkpoint(self.out_dir) if resume else None
+        resuming = saved is not None
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
         # before LoRA wraps the model: engines serve plain weights
         self.engine = await build_engine(cfg, model, tokenizer)
+        if cfg.engine.kind != "local":  # a server may die and come back: ride it out, or stop naming it
+            self.engine = WatchedEngine(self.engine, cfg.engine.max_outage_s)
+            self.engine.start_watch()
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         algo = cfg.algorithm
         queue = TrajectoryQueue(
@@ -187,11 +214,13 @@ class Trainer:
             algo.max_reward,
         )
         sampler = TaskSampler(cfg.tasks, cfg.seed)
-        step = self._restore(learner, queue, sampler) if resuming else 0
+        step = self._restore(saved, learner, queue, sampler) if saved is not None else 0
         if step:
             await push_weights(self.engine, learner, queue.version, cfg, self.out_dir)
         self.rollouts = await self._rollout_source(tokenizer)
-        errors = TaskErrors(cfg.rollout.max_task_errors, self.out_dir / "episode_errors.jsonl")
+        if resume:  # rows a killed process wrote past the checkpoint go: each step is recorded once
+            rewind_record(self.out_dir, saved.state.get("record") if saved is not None else None)
+        errors = TaskErrors(cfg.rollout.max_task_errors, self.out_dir / ERRORS_FILE)
         recorder = EpisodeRecorder(self.out_dir)
         producer = GroupProducer(
             self.rollouts,
@@ -201,7 +230,10 @@ class Trainer:
             concurrency=max(cfg.rollout.concurrent_groups, algo.groups_per_step),
             reward_window=2 * algo.groups_per_step * cfg.rollout.group_size,
         )
-        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, MetricsLogger(self.out_dir), producer)
+        if saved is not None and "record" in saved.state:
+            restore_record(saved.state["record"], recorder, errors, producer, step)
+        metrics = MetricsLogger(self.out_dir, purge_step=step + 1 if resume else None)
+        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, metrics, producer)
         run.evaluation, run.eval_model, run.step, run.first_step = evaluation, eval_model, step, step
         self._watch_episodes(run)
         return run
@@ -228,10 +260,8 @@ class Trainer:
                 await evaluation.measure("sft", model, tokenizer)
         return evaluation, copy.deepcopy(model) if evaluation is not None else None
 
-    def _restore(self, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
-        """Load the latest checkpoint into learner, queue and sampler; returns its step."""
-        checkpoint = latest_checkpoint(self.out_dir)
-        assert checkpoint is not None
+    def _restore(self, checkpoint: Checkpoint, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
+        """Load `checkpoint` into learner, queue and sampler; returns its step."""
         if learner.sharded:  # FSDP: rank 0 reads the full checkpoint, every process keeps its shards
             learner.load_sharded_checkpoint(checkpoint.path)
         else:
@@ -269,8 +299,7 @@ class Trainer:
     # -- produce: wait for a batch while rollouts run -------------------------------------------------------------
     async def _next_batch(self, run: _Run, producing: asyncio.Task[None]) -> list[Group] | None:
         """The next batch of groups, or None when the run must stop first (stop_reason says why)."""
-        assert self.engine is not None
-        run.errors.raise_if_failing()  # also when other tasks keep the batches coming
+        self._raise_if_failing(run)  # also when other tasks keep the batches coming
         if self._out_of_time(run):
             return None
         batch = asyncio.ensure_future(run.queue.get_batch())
@@ -280,8 +309,7 @@ class Trainer:
                 await asyncio.wait({batch, stop, producing}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 if self.on_progress is not None:
                     self.on_progress(self._progress(run))
-                run.errors.raise_if_failing()
-                self.engine.raise_if_failed()  # a dead engine server: every episode would fail, stop now
+                self._raise_if_failing(run)
                 if (reason := run.queue.stop_reason(self.config.algorithm.max_filtered_in_a_row)) is not None:
                     self.stop_reason = reason
                     break
@@ -296,6 +324,13 @@ class Trainer:
             run.interrupted = self._stop.is_set()
             return None
         return batch.result()
+
+    def _raise_if_failing(self, run: _Run) -> None:
+        """Stop on a task failing again and again, a record file that cannot be written, or an engine gone for good."""
+        run.errors.raise_if_failing()
+        run.recorder.raise_if_failed()
+        if self.engine is not None:
+            self.engine.raise_if_failed()  # a managed server that exited, or an outage past max_outage_s
 
     def _out_of_time(self, run: _Run) -> bool:
         limit = self.config.budget.max_time_s
@@ -331,7 +366,11 @@ class Trainer:
         run.producer.step = run.step
         for g in groups:
             run.recorder.group(g[0].group_id, g[0].task, "trained", run.step)
-        push = await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
+        try:
+            push = await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
+        except BaseException:
+            run.queue.version = run.step  # the step was taken: its checkpoint says so (nothing more is admitted)
+            raise
         await run.queue.set_version(run.step)
         row = self._row(run, groups, lags, stats, time.monotonic() - step_started) | push
         run.metrics.log(run.step, row)
@@ -360,6 +399,7 @@ class Trainer:
             "elapsed_s": time.monotonic() - run.started,
             "time": time.time(),  # wall clock, as in episodes.jsonl: time - elapsed_s is when the run started
             **run.errors.metrics(),
+            **(self.engine.metrics() if isinstance(self.engine, WatchedEngine) else {}),
             "tasks": run.recorder.task_metrics(),
         }
 
@@ -371,9 +411,11 @@ class Trainer:
             "sampler": run.sampler.state(),
             "version": run.queue.version,
             "learner": snapshot.extra,
+            "record": record_state(self.out_dir, run.recorder, run.errors, run.producer),  # where --resume rewinds to
         }
         budget = self.config.budget
         learner = run.learner
+        run.save_attempted = run.step
         return await asyncio.to_thread(
             save_checkpoint,
             self.out_dir,
@@ -399,11 +441,15 @@ class Trainer:
             await self.rollouts.close()
         if self.engine is not None:
             await self.engine.close()
-        if run.step > run.first_step and (run.saved is None or not run.saved.name.endswith(f"{run.step:06d}")):
-            run.saved = await self._save(run)
+        if run.step > run.first_step and run.save_attempted != run.step:  # not again after a save that failed
+            try:
+                run.saved = await self._save(run)
+            except CheckpointError as exc:  # reported after the rest is closed; the previous checkpoint is intact
+                run.save_error = exc
         run.recorder.close(run.step)
         if run.step > run.first_step:  # no step, no curve (and no file named that was never written)
-            run.metrics.plot_rewards()
+            with contextlib.suppress(OSError):  # a full disk was reported by the write that met it
+                run.metrics.plot_rewards()
         run.metrics.close()
         if run.eval_model is not None and not run.interrupted and run.ended_cleanly:
             run.final_state = await asyncio.to_thread(run.learner.engine_state, torch.float32)

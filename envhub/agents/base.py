@@ -46,6 +46,12 @@ class Agent:
     async def aclose(self) -> None:
         """Release what the agent holds (HTTP clients)."""
 
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 class RandomAgent(Agent):
     """Valid random actions: a legal move, a shop element, a dictionary word, or a tool call with random arguments.

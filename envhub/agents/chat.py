@@ -81,9 +81,16 @@ class ChatEndpoint:
         return self.model
 
     async def aclose(self) -> None:
+        """Close the HTTP client (a later request opens a new one)."""
         if self._client is not None:
-            await self._client.close()
-            self._client = None
+            client, self._client = self._client, None
+            await client.close()
+
+    async def __aenter__(self) -> ChatEndpoint:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class ChatAgent(Agent):
@@ -108,6 +115,8 @@ class ChatAgent(Agent):
     ) -> None:
         if tool_mode not in TOOL_MODES:
             raise AgentError("config", f"unknown tool_mode {tool_mode!r}", hint=f"use one of {', '.join(TOOL_MODES)}")
+        # an endpoint passed in is shared with other agents (its owner closes it); one made here is this agent's
+        self._owns_endpoint = not isinstance(base_url, ChatEndpoint)
         self.endpoint = (
             base_url
             if isinstance(base_url, ChatEndpoint)
@@ -284,7 +293,10 @@ class ChatAgent(Agent):
             return delay
 
     async def aclose(self) -> None:
-        """Agents of one endpoint share its client: close the endpoint, not the agent."""
+        """Close the endpoint's client if this agent made the endpoint; a shared endpoint stays open for the others
+        (its owner, e.g. `envhub.cli.agent_spec.AgentFactory`, closes it)."""
+        if self._owns_endpoint:
+            await self.endpoint.aclose()
 
 
 def normalize_base_url(url: str) -> str:

@@ -26,7 +26,13 @@ def _cmd_serve_engine(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_bind(args.host, api_key)  # before loading the model: refuse fast
     weights_dirs = args.allow_weights_dir or [default_weights_dir()]
-    engine = LocalEngine.from_pretrained(args.model, device=args.device, max_batch_size=args.max_batch_size or 64)
+    engine = LocalEngine.from_pretrained(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size or 64,
+        kv_cache_mb=args.kv_cache_mb,
+    )
     device, dtype = engine.model.device, str(engine.model.dtype).removeprefix("torch.")
     print(
         f"envhub serve-engine: {args.model} on {device} ({dtype}) at http://{args.host}:{args.port}"
@@ -78,7 +84,7 @@ def _serve_vllm(args: argparse.Namespace) -> int:
         port=args.port,
         host=args.host,
         served_model_name=args.served_model_name or args.model,
-        dtype=args.dtype,
+        dtype="float32" if args.dtype == "auto" else args.dtype,
         max_model_len=args.max_model_len,
         kv_cache_gib=args.kv_cache_gib,
         api_key=api_key,
@@ -104,7 +110,7 @@ def _serve_vllm(args: argparse.Namespace) -> int:
                 return 0
             raise
         print(
-            f"envhub serve-engine: vLLM serving {args.model} ({server_args.model}, {args.dtype}) at "
+            f"envhub serve-engine: vLLM serving {args.model} ({server_args.model}, {server_args.dtype}) at "
             f"http://{args.host}:{args.port}/v1 as {server_args.served_model_name!r}, ready in "
             f"{time.monotonic() - started:.0f} s (api key {'on' if api_key else 'off'}; "
             f"RL routes {'on' if args.rl_routes else 'off'})",
@@ -139,6 +145,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when present; local backend)")
     p.add_argument("--max-batch-size", type=int, default=None, help="most requests decoded together (default 64)")
     p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="weights and compute (auto: the local engine takes bf16 on CUDA and on CPUs with bf16 units, else fp32; "
+        "vllm takes fp32)",
+    )
+    p.add_argument(
+        "--kv-cache-mb", type=float, default=2048.0, help="local backend: KV cache budget; longer requests are refused"
+    )
+    p.add_argument(
         "--api-key", default=None, help="require `Authorization: Bearer KEY` (default: $ENVHUB_ENGINE_API_KEY)"
     )
     p.add_argument(
@@ -157,7 +173,6 @@ def add_commands(sub: Any) -> None:
         help="largest request body accepted (default 64; 413 above; tensor pushes need room; local backend)",
     )
     vllm = p.add_argument_group("--backend vllm")
-    vllm.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights and compute")
     vllm.add_argument("--max-model-len", type=int, default=2048, help="context length (prompt + completion)")
     vllm.add_argument("--kv-cache-gib", type=float, default=2.0, help="KV cache memory (VLLM_CPU_KVCACHE_SPACE)")
     vllm.add_argument(

@@ -24,6 +24,8 @@ from envhub.server.policy import PolicyRefused, ServePolicy
 from envhub.server.sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_SESSIONS, Session, SessionTable
 from envhub.wire import ENDPOINTS, json_safe
 
+MAX_CACHED_LISTINGS = 64
+
 
 def space_json(space: Any) -> dict[str, Any]:
     """A description of a space that the client can rebuild text spaces from."""
@@ -48,6 +50,7 @@ class EnvServer:
         self.limits = limits or ServerLimits()
         self.guard = ClientGuard(tokens, self.limits)
         self.table = SessionTable(self.limits, idle_timeout, max_sessions, on_sweep=self.guard.forget_idle)
+        self._listings: dict[tuple[str | None, int], bytes] = {}  # GET /envs answers by (tag, registry size)
 
     @property
     def sessions(self) -> dict[str, Session]:
@@ -132,10 +135,21 @@ class EnvServer:
         }
 
     async def list_envs(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._listing(request.query.get("tag")), content_type="application/json")
+
+    def _listing(self, tag: str | None) -> bytes:
+        """GET /envs as JSON bytes, built once per tag and registry size: a thousand envs are ~200 KB, and a client
+        within its rate limit must not keep the server busy re-encoding them (found by benchmarks/server_soak.py)."""
         from envhub.registry import list_envs
 
-        served = [s for s in list_envs(tag=request.query.get("tag")) if self.policy.serves(s.id)]
-        return web.json_response([self._spec_json(s) for s in served])
+        specs = list_envs(tag=tag)
+        key = (tag, len(specs))
+        if key not in self._listings:
+            if len(self._listings) >= MAX_CACHED_LISTINGS:  # tags are the client's: the cache stays bounded
+                self._listings.clear()
+            served = [s for s in specs if self.policy.serves(s.id)]
+            self._listings[key] = json.dumps([self._spec_json(s) for s in served]).encode()
+        return self._listings[key]
 
     async def env_info(self, request: web.Request) -> web.Response:
         env_spec = self._lookup(request.match_info["env_id"])

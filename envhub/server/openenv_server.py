@@ -264,6 +264,7 @@ class OpenEnvServer:
                 if reply is None:
                     break
                 await ws.send_json(reply)
+                session.last_used = time.monotonic()  # idle from the answer on: pacing and sending are the server's
                 if session.id not in self.table.sessions:
                     break  # cut off after step_timeout: the session is gone, and so is the socket
         finally:

@@ -173,6 +173,8 @@ class SessionTable:
                 f"{session.env_id} took longer than {self.limits.step_timeout:g}s to {call}; the session was closed",
                 "create a new session; the operator sets the limit with --step-timeout",
             ) from None
+        finally:  # idle time starts when the env is done: a step longer than idle_timeout is busy, not idle
+            session.last_used = time.monotonic()
 
     async def start(self, app: Any = None) -> None:
         """Start the reaper (an aiohttp on_startup hook)."""

@@ -27,7 +27,7 @@ RELEASE = threading.Event()  # a hung step waits on it; tests set it when done, 
 
 
 class TrustEnv(envhub.AgentEnv):
-    """A sync-only env: "hang" blocks its step until RELEASE is set; anything else answers at once."""
+    """A sync-only env: "hang" blocks its step until RELEASE is set, "slow" takes 3 s; anything else answers at once."""
 
     entered = threading.Event()  # set when a step starts hanging
 
@@ -42,6 +42,8 @@ class TrustEnv(envhub.AgentEnv):
         if action == "hang":
             TrustEnv.entered.set()
             RELEASE.wait(60)
+        if action == "slow":
+            time.sleep(3.0)
         return f"did {action}", 1.0, False, False, {}
 
 
@@ -250,6 +252,18 @@ async def test_idle_sessions_are_reaped_while_busy_ones_stay(start, protocol):
     assert (await busy.step("go")).ok
     await idle.close()
     await busy.close()
+
+
+async def test_idle_time_starts_when_a_step_ends_so_a_long_step_is_not_idle(start, protocol):
+    running = start(idle_timeout=2.0)  # the reaper looks every 0.5 s
+    client = Client(protocol, running.url)
+    assert (await client.open(seed=0)).ok
+    assert (await client.step("slow")).ok  # 3 s in the env: longer than the idle timeout, busy all along
+    await asyncio.sleep(1.0)  # thinking, within the idle timeout (reaped here if idle counted from the step start)
+    assert (await client.step("go")).ok
+    _, health, _ = await get(running.url, "/health")
+    assert health["reaped"] == 0 and health["sessions"] == 1
+    await client.close()
 
 
 async def test_a_hung_sync_env_is_cut_off_without_stalling_other_clients(start, protocol):

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 import envhub
 from envhub.chat_tokens import ChatTokens
 from envhub.trainer.config import RolloutConfig, TaskConfig
@@ -150,3 +152,27 @@ async def test_watchdog_times_out_a_hung_episode_and_closes_its_env(engine_cls, 
     traj = await worker.run_episode(Hangs, "hang", seed=0)
     await engine.close()
     assert traj.finish_reason == "timeout" and traj.num_model_tokens > 0 and Hangs.closed
+
+
+async def test_an_env_whose_construction_fails_is_an_env_error_in_the_run_metrics(engine_cls, tiny_model, tokenizer):
+    from envhub.trainer.task_errors import TaskErrors, TaskFailing
+
+    def broken_env():
+        raise FileNotFoundError("no such level file: levels/7.txt")
+
+    engine = engine_cls(tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3))
+    errors = TaskErrors(max_in_a_row=2)
+    worker.on_episode = errors.observe  # as every rollout source reports its episodes
+    first = await worker.run_episode(broken_env, "Broken-v0", seed=0)
+    assert first.finish_reason == "error" and first.env_info["error_stage"] == "build"
+    errors.raise_if_failing()
+    await worker.run_episode(broken_env, "Broken-v0", seed=1)
+    await engine.close()
+    # an env error (counted per task, not as the engine's), and repeated ones stop the run naming task and error
+    assert errors.metrics() == {
+        "episode_errors": {"Broken-v0": 2},
+        "episode_error": {"Broken-v0": "FileNotFoundError: no such level file: levels/7.txt"},
+    }
+    with pytest.raises(TaskFailing, match=r"task Broken-v0: 2 episodes in a row failed \(at build\).*levels/7.txt"):
+        errors.raise_if_failing()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from envhub.trainer.engines.kv_batch import RowKV, row_length
+from envhub.trainer.engines.kv_cache import RowKV, row_length
 
 
 @dataclass

@@ -74,6 +74,36 @@ def _restrict(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
+def _shaping(params: list[SamplingParams], output_ids: list[list[int]], stop_ids: list[set[int]]) -> bool:
+    """Whether any row changes its logits before drawing (penalties, bias, stop masking, top-k/p, min-p)."""
+    for p, ids, stops in zip(params, output_ids, stop_ids):
+        if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty or p.logit_bias:
+            return True
+        if p.top_k > 0 or p.top_p < 1 or p.min_p > 0 or (stops and len(ids) < p.min_new_tokens):
+            return True
+    return False
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `probs` by inverse CDF: a uniform per row (from the row's generator when it has one).
+
+    Exact sampling from the categorical distribution, with one random number per row instead of one per
+    vocabulary entry (torch.multinomial draws a whole row of exponentials: ~30x slower for a 49k vocabulary).
+    """
+    device = probs.device
+    uniforms = torch.empty(len(generators), dtype=torch.float32, device=device)
+    shared = [i for i, g in enumerate(generators) if g is None]
+    if shared:
+        uniforms[shared] = torch.rand(len(shared), device=device)
+    for i, generator in enumerate(generators):
+        if generator is not None:
+            uniforms[i] = torch.rand(1, generator=generator, device=generator.device).to(device)[0]
+    cumulative = probs.cumsum(-1)
+    total = cumulative[:, -1:]
+    target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
 def sample_next(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -89,31 +119,54 @@ def sample_next(
     rows = len(params)
     logits = logits.float()
     device = logits.device
-    temperature = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-    logprobs = torch.log_softmax(logits / temperature.unsqueeze(1), dim=-1)
     output_ids = output_ids if output_ids is not None else [[] for _ in range(rows)]
     stop_ids = stop_ids if stop_ids is not None else [set() for _ in range(rows)]
+    temperatures = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    temperature = None
+    if any(t != 1.0 for t in temperatures):
+        temperature = torch.tensor(temperatures, device=device).unsqueeze(1)
+    logprobs = torch.log_softmax(logits if temperature is None else logits / temperature, dim=-1)
+    sampled = [row for row, p in enumerate(params) if p.temperature > 0]
+    if not _shaping(params, output_ids, stop_ids):  # plain sampling: draw from exp(logprobs) itself
+        tokens = logits.argmax(dim=-1) if len(sampled) < rows else torch.empty(rows, dtype=torch.long, device=device)
+        if sampled:
+            index = torch.tensor(sampled, device=device) if len(sampled) < rows else None
+            probs = (logprobs if index is None else logprobs.index_select(0, index)).exp()
+            drawn = _draw(probs, [generators[r] for r in sampled])
+            if index is None:
+                tokens = drawn
+            else:
+                tokens[index] = drawn
+    else:
+        tokens = _shaped_draw(logits, params, generators, output_ids, stop_ids, temperature, sampled)
+    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    packed = torch.stack([tokens.double(), chosen.double()]).tolist()  # one device-to-host copy (ids are exact)
+    return [int(t) for t in packed[0]], packed[1]
+
+
+def _shaped_draw(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    output_ids: list[list[int]],
+    stop_ids: list[set[int]],
+    temperature: torch.Tensor | None,
+    sampled: list[int],
+) -> torch.Tensor:
+    """Tokens after penalties, logit bias, stop masking, temperature and top-k/top-p/min-p restriction."""
     shaped = _apply_penalties(logits.clone(), params, output_ids, stop_ids)
     for row, p in enumerate(params):
         for token, bias in p.logit_bias:
             shaped[row, token] += bias
-    shaped = shaped / temperature.unsqueeze(1)
+    if temperature is not None:
+        shaped = shaped / temperature
     tokens = shaped.argmax(dim=-1)
-    sampled = [row for row, p in enumerate(params) if p.temperature > 0]
     if sampled:
-        index = torch.tensor(sampled, device=device)
+        index = torch.tensor(sampled, device=logits.device)
         rows_params = [params[r] for r in sampled]
         chosen_logits = shaped.index_select(0, index)
-        if any(
-            0 < p.top_k < logits.shape[-1] or p.top_p < 1 or p.min_p > 0 for p in rows_params
-        ):  # skip the sort otherwise
+        if any(0 < p.top_k < logits.shape[-1] or p.top_p < 1 or p.min_p > 0 for p in rows_params):
             chosen_logits = _restrict(chosen_logits, rows_params)
         probs = torch.softmax(chosen_logits, dim=-1)
-        shared = [i for i, r in enumerate(sampled) if generators[r] is None]
-        if shared:  # one draw for every unseeded row
-            tokens[index[shared]] = torch.multinomial(probs[shared], 1).squeeze(1)
-        for i, row in enumerate(sampled):
-            if generators[row] is not None:
-                tokens[row] = torch.multinomial(probs[i], 1, generator=generators[row])[0]
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    return tokens.tolist(), chosen.tolist()
+        tokens[index] = _draw(probs, [generators[r] for r in sampled])
+    return tokens

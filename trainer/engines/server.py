@@ -23,7 +23,13 @@ from aiohttp import web
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult
 from envhub.trainer.engines.local import LocalEngine
-from envhub.trainer.engines.server_security import WeightsPolicy, api_key_middleware, default_weights_dir
+from envhub.trainer.engines.server_security import (
+    BODY_TIMEOUT_S,
+    WeightsPolicy,
+    api_key_middleware,
+    body_deadline_middleware,
+    default_weights_dir,
+)
 from envhub.trainer.engines.server_state import STATE_KEY, EngineServerState, error_response, json_body
 from envhub.trainer.engines.sglang_protocol import GenerateCall, generate_response, parse_generate
 
@@ -262,12 +268,14 @@ def create_app(
     served_model_name: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
     health_check_timeout: float = 20.0,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> web.Application:
     """The aiohttp application serving `engine` (closed on shutdown); `health_check_timeout` is SGLang's
     SGLANG_HEALTH_CHECK_TIMEOUT (how long /health waits for a token)."""
     from envhub.trainer.engines import openai_api, server_weights
 
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[api_key_middleware(api_key, admin_api_key)])
+    middlewares = [api_key_middleware(api_key, admin_api_key), body_deadline_middleware(body_timeout_s)]
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     dirs = list(weights_dirs) if weights_dirs is not None else [default_weights_dir()]
     state = EngineServerState(
         engine,

@@ -7,10 +7,12 @@
 - A non-loopback `--host` without an API key refuses to start.
 - `/update_weights_from_disk` loads only safetensors under the directories the operator allows
   (`--allow-weights-dir`, repeatable; default: the server's own weights directory).
+- A request body not received within `BODY_TIMEOUT_S` (60 s) is answered 408, as the env servers do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import secrets
@@ -25,6 +27,7 @@ from envhub.errors import EngineError
 
 API_KEY_ENV = "ENVHUB_ENGINE_API_KEY"
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+BODY_TIMEOUT_S = 60.0  # seconds to receive a request body (a 64 MB tensor push included)
 
 
 def default_weights_dir() -> Path:
@@ -64,6 +67,25 @@ def api_key_middleware(
         return await handler(request)
 
     return check
+
+
+def body_deadline_middleware(timeout_s: float) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """aiohttp middleware answering 408 to a request whose body is not received within `timeout_s` seconds (a client
+    trickling bytes cannot hold a handler); the body read here is cached for the handler."""
+
+    @web.middleware
+    async def deadline(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                await asyncio.wait_for(request.read(), timeout_s)
+            except TimeoutError:
+                message = f"request body not received within {timeout_s:g}s: send the whole body at once"
+                return web.json_response({"error": {"message": message}}, status=408)
+        return await handler(request)
+
+    return deadline
 
 
 def is_loopback(host: str) -> bool:

@@ -45,7 +45,7 @@ def load_state(model: Any, path_or_state: str | Path | Mapping[str, torch.Tensor
     copied = 0
     with torch.no_grad():
         for name, tensor in state.items():
-            targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
+            targets[name].copy_(tensor)  # casts and moves in one pass, without a temporary copy
             copied += 1
     if not copied:
         raise EngineError("no tensors to load", hint="pass a non-empty state dict or checkpoint")

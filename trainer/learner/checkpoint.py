@@ -1,7 +1,9 @@
 """Atomic checkpoints: HF-format model (sharded safetensors), optimizer, RNG, trainer state; strict resume.
 
 A checkpoint is written into a temporary directory and renamed into place, then `latest` is replaced
-atomically, so an interrupted save never leaves a half-written checkpoint behind `latest`. Weights are
+atomically, so an interrupted save never leaves a half-written checkpoint behind `latest`; a save that cannot be
+written (disk full, read-only or unwritable directory) removes its partial files and raises `CheckpointError`
+naming the previous checkpoint, which it leaves as it was. Weights are
 the fp32 masters (resume is exact); a LoRA run stores only its adapter. Loading reads every shard and
 refuses missing or unknown tensors (only a tied output head may be absent, as save_pretrained drops it).
 """
@@ -19,9 +21,14 @@ from typing import Any
 
 import torch
 
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, EnvhubError
 
 ADAPTER_FILE = "adapter_model.safetensors"
+DISK_FULL_BYTES = 1 << 20  # a filesystem with less free space than this after a failed write is full
+
+
+class CheckpointError(EnvhubError):
+    """A checkpoint that could not be written; the previous one is intact."""
 
 
 @dataclass
@@ -69,30 +76,87 @@ def save_checkpoint(
     """
     root = Path(root)
     final = root / "checkpoints" / f"step_{step:06d}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}.", dir=final.parent))
+    tmp: Path | None = None
     try:
-        if model_state is not None:
-            model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True, max_shard_size=max_shard_size)
-        else:
-            model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}.", dir=final.parent))
+        _write_files(tmp, model, tokenizer, optimizer, {**state, "step": step}, model_state, max_shard_size)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
+        tmp = None
+        pointer = root / ".latest.tmp"
+        pointer.write_text(final.name)
+        os.replace(pointer, root / "latest")
+    except Exception as exc:  # OSError, or torch's and safetensors' own errors for a full disk
+        cause = _cause(exc, final.parent)  # before the partial files go: a full disk is seen full
+        for partial in (tmp, final if _latest_name(root) != final.name else None):
+            if partial is not None:  # free the space the failed save took; `latest` still names the previous one
+                shutil.rmtree(partial, ignore_errors=True)
+        (root / ".latest.tmp").unlink(missing_ok=True)
+        raise _save_error(root, step, cause) from exc
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    pointer = root / ".latest.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / "latest")
     if keep > 0:
         prune_checkpoints(root, keep)
     return final
+
+
+def _write_files(
+    tmp: Path,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    state: dict[str, Any],
+    model_state: dict[str, torch.Tensor] | None,
+    max_shard_size: str | int,
+) -> None:
+    """Every file of a checkpoint into `tmp`: weights, tokenizer, optimizer, RNG, trainer state."""
+    if model_state is not None:
+        model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True, max_shard_size=max_shard_size)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    torch.save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+
+def _latest_name(root: Path) -> str:
+    try:
+        return (root / "latest").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _cause(exc: Exception, where: Path) -> str:
+    """Why a save failed, in words: the OS error, or a full disk behind a writer's own error (torch.save reports
+    ENOSPC as "enforce fail ... unexpected pos")."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    try:
+        full = shutil.disk_usage(where).free < DISK_FULL_BYTES
+    except OSError:
+        full = False
+    text = f"{type(exc).__name__}: {exc}"[:300]
+    return f"No space left on device ({text})" if full else text
+
+
+def _save_error(root: Path, step: int, cause: str) -> CheckpointError:
+    """The one-line error of a save that could not be written, naming what is still there."""
+    previous = _latest_name(root)
+    kept = (
+        f"the previous checkpoint {root / 'checkpoints' / previous} is intact"
+        if previous
+        else "there is no earlier checkpoint"
+    )
+    return CheckpointError(
+        f"cannot write checkpoint step {step} under {root / 'checkpoints'}: {cause}; {kept}",
+        hint=f"free space or fix the permissions of {root}, then resume with --resume",
+    )
 
 
 def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:

@@ -188,6 +188,8 @@ async def test_serve_engine_cli_subprocess(tokenizer, tiny_model):
             str(port),
             "--device",
             "cpu",
+            "--dtype",
+            "float32",  # compared with an fp32 engine below
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -143,3 +143,23 @@ async def test_malformed_weight_updates_are_refused_before_anything_is_received(
         assert status == 400 and why in text, (path, text)
     state.weight_groups.clear()
     assert await engine.health()
+
+
+async def test_a_body_trickled_past_the_deadline_is_a_408_and_others_are_served(engine):
+    server = await start_engine_server(engine, body_timeout_s=1.0)
+    host, port = server.url.removeprefix("http://").split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()  # then nothing more: the handler must not wait for the rest forever
+        status, _ = await post(
+            server.url, "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+        )
+        assert status == 200  # meanwhile another client is served
+        head = await asyncio.wait_for(reader.readline(), 60)
+        assert b" 408 " in head, head
+        writer.close()
+    finally:
+        await server.stop()

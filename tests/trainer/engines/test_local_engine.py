@@ -169,3 +169,59 @@ def test_an_idle_engine_moves_between_event_loops(tiny_model, tokenizer):
     second = asyncio.run(engine.generate([1, 2, 3], GREEDY))
     assert first.output_ids == second.output_ids
     asyncio.run(engine.close())
+
+
+def bf16_ulps(values: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers around `values` (8 significant bits)."""
+    return torch.exp2(torch.floor(torch.log2(values.abs().clamp(min=1e-3))) - 7)
+
+
+async def test_bf16_engine_is_greedy_exact_up_to_rounding_ties_and_logprobs_stay_near_fp32(tiny_model, tokenizer):
+    import copy
+
+    fp32 = copy.deepcopy(tiny_model)
+    engine = LocalEngine(tiny_model, tokenizer, dtype="bfloat16")  # casts tiny_model in place
+    batch = prompts(tokenizer)
+    try:
+        assert next(tiny_model.parameters()).dtype == torch.bfloat16
+        greedy = await asyncio.gather(*[engine.generate(p, GREEDY) for p in batch])
+        sampled = await asyncio.gather(
+            *[
+                engine.generate(p, SamplingParams(max_new_tokens=24, temperature=1.0, seed=i))
+                for i, p in enumerate(batch)
+            ]
+        )
+    finally:
+        await engine.close()
+    for prompt, result in zip(batch, greedy):  # teacher-forced: the argmax of a bf16 forward over the same prefix
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([prompt + result.output_ids])).logits[0, len(prompt) - 1 : -1].float()
+        top = logits.topk(2, dim=-1)
+        differ = top.indices[:, 0] != torch.tensor(result.output_ids)
+        tie = (top.values[:, 0] - top.values[:, 1]) <= 2 * bf16_ulps(top.values[:, 0])
+        assert not (differ & ~tie).any(), "a greedy token differs where the reference is not a rounding tie"
+    diffs = []
+    for prompt, result in zip(batch, sampled):  # the learner's fp32 log_softmax(logits / T) of the same tokens
+        with torch.no_grad():
+            logits = fp32(torch.tensor([prompt + result.output_ids])).logits[0, len(prompt) - 1 : -1].float()
+        reference = torch.log_softmax(logits, -1).gather(1, torch.tensor(result.output_ids)[:, None])[:, 0]
+        diffs.append(torch.tensor(result.logprobs) - reference)
+    diff = torch.cat(diffs)
+    assert diff.abs().max() < 0.1 and diff.abs().mean() < 0.03  # seen: 0.045 and 0.013
+
+
+async def test_requests_beyond_the_kv_budget_queue_and_one_that_never_fits_is_refused(tiny_model, tokenizer):
+    # tiny model: 2 layers x 2 KV heads x 16 dims x 2 (K, V) x 4 bytes = 512 bytes a token; 64 KiB = 128 tokens
+    engine = LocalEngine(tiny_model, tokenizer, kv_cache_mb=64 / 1024)
+    prompt = tokenizer.encode("Hello there")  # 2 tokens: each request reserves 2 + 30
+    params = SamplingParams(max_new_tokens=30, temperature=0.0)
+    try:
+        results = await asyncio.gather(*[engine.generate(prompt, params) for _ in range(4)])
+        assert all(len(r.output_ids) == 30 for r in results)
+        assert len({tuple(r.output_ids) for r in results}) == 1
+        assert engine.stats.max_rows == 3  # (rows + scratch slot) x 32 tokens <= 128: three at a time, one waited
+        with pytest.raises(EngineError, match="kv_cache_mb") as error:
+            await engine.generate(prompt, SamplingParams(max_new_tokens=100))
+        assert "max_new_tokens" in error.value.hint
+    finally:
+        await engine.close()

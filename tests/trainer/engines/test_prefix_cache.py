@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.kv_batch import DecodeBatch
+from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.prefix_cache import PrefixCache
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -89,12 +90,20 @@ def test_prefill_mixing_a_reused_prefix_and_a_fresh_row_equals_separate_forward_
     a = tokenizer.encode("The quick brown fox jumps over the lazy dog")
     b = tokenizer.encode("Hi")
     with torch.inference_mode():
-        whole, _ = DecodeBatch.prefill(tiny_model, [a[:6]], 0)
-        past = whole.row_kv(0)
-        _, mixed = DecodeBatch.prefill(tiny_model, [a[6:], b], 0, [past, None])
+        first = KVCache(kv_layout(tiny_model), 1 << 20, max_rows=2, max_tokens=2048)
+        first.reserve(1, 16)
+        first.add_row()
+        ModelRunner(tiny_model, first).prefill(0, [a[:6]], 0)
+        past = first.row_kv(0)
+        cache = KVCache(kv_layout(tiny_model), 1 << 20, max_rows=2, max_tokens=2048)
+        cache.reserve(2, 16)
+        cache.add_row(past)  # a reused prefix: the row continues after it
+        cache.add_row()
+        mixed = ModelRunner(tiny_model, cache).prefill(0, [a[6:], b], 0)
         reference = tiny_model(torch.tensor([a])).logits[0, -1]
         reference_b = tiny_model(torch.tensor([b])).logits[0, -1]
     assert torch.allclose(mixed[0], reference, atol=1e-4) and torch.allclose(mixed[1], reference_b, atol=1e-4)
+    assert cache.lengths == [len(a), len(b)]
 
 
 def _kv(n, dim=4):
@@ -113,3 +122,17 @@ def test_prefix_cache_matches_longest_common_prefix_and_evicts_least_recently_us
     assert len(cache) <= 2 and cache.bytes <= cache.max_bytes
     cache.put(list(range(100)), _kv(100))  # larger than the whole budget: not kept
     assert cache.match(list(range(100)))[0] < 99
+
+
+async def test_a_burst_prefills_in_one_step_when_nothing_decodes(tiny_model, tokenizer, greedy_reference):
+    engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
+    burst = [tokenizer.encode(f"Episode {i}: the board shows a box and a wall.") for i in range(3)]
+    assert all(len(p) > 8 for p in burst)
+    try:
+        results = await asyncio.gather(*[engine.generate(p, GREEDY) for p in burst])
+    finally:
+        await engine.close()
+    assert engine.stats.prefill_steps == 1  # nobody was decoding: no reason to chunk
+    assert engine.stats.decode_rows == len(burst) * (GREEDY.max_new_tokens - 1)  # every decode step had all rows
+    for prompt, result in zip(burst, results):
+        assert result.output_ids == greedy_reference(tiny_model, prompt, GREEDY.max_new_tokens)
