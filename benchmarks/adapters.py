@@ -1,10 +1,11 @@
 """Steps/s of envhub's own envs vs their adapted equivalents (TextArena, GEM, reasoning-gym, OpenEnv), in one run.
 
-    python benchmarks/adapters.py [--seconds 2] [--rounds 3] [--out benchmarks/results/adapters.json]
+    python benchmarks/adapters.py [--seconds 2] [--rounds 3] [--out benchmarks/results/adapters.json] [--only PAIR]
 
 Each pair is timed in alternating rounds (ours, theirs, ours, ...) so that machine load hits both
 alike; resets count as time, not steps. Each env gets valid moves in its own format (`up`,
-`[up]`, `\\boxed{up}`). Prints a table and writes JSON with the ratio ours/theirs per pair.
+`[up]`, `\\boxed{up}`). Prints a table and writes JSON with the ratio ours/theirs per pair. The agent suites
+(MiniGrid/BabyAI, TextWorld, ScienceWorld, Crafter) have no envhub twin: "Agent suites" gives their own steps/s.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import threading
 import time
@@ -72,6 +74,18 @@ PAIRS: list[tuple[str, list[tuple[str, Callable[[], Any], Callable[[int], str]]]
         ],
     ),
 ]
+CRAFTER_MOVES = ["move north", "move east", "do", "move south", "move west", "do"]
+# The agent suites have no envhub twin: their own steps/s (valid commands; resets inside the window count as time)
+SUITES: list[tuple[str, Callable[[], Any], Callable[[int], str]]] = [
+    (
+        "minigrid-BabyAI-GoToLocal-v0",
+        lambda: envhub.make("minigrid-BabyAI-GoToLocal-v0"),
+        lambda i: ("turn left", "go forward", "turn right", "go forward")[i % 4],
+    ),
+    ("textworld-simple-v0", lambda: envhub.make("textworld-simple-v0"), lambda i: ("look", "inventory")[i % 2]),
+    ("sciworld-find-living-thing-v0", lambda: envhub.make("sciworld-find-living-thing-v0"), lambda i: "look around"),
+    ("crafter-balrog-v0", lambda: envhub.make("crafter-balrog-v0"), lambda i: CRAFTER_MOVES[i % 6]),
+]
 SKIPPED = {
     "Wordle": "TextArena's and GEM's Wordle download NLTK's word list at run time; envhub refuses downloads "
     "(docs/adapters.md)"
@@ -94,6 +108,21 @@ def steps_per_second(factory: Callable[[], Any], action: Callable[[int], str], s
     elapsed = time.perf_counter() - started
     env.close()
     return {"steps": steps, "episodes": episodes, "seconds": elapsed}
+
+
+def suite_steps_per_second(
+    factory: Callable[[], Any], action: Callable[[int], str], seconds: float, rounds: int
+) -> dict[str, float]:
+    """Steps/s of one suite env after a warm-up reset outside the window: the one-time costs (the JVM's start,
+    a TextWorld game's generation, then cached) are not what a long run pays per step; later resets count."""
+    warm = factory()
+    warm.reset(seed=0)
+    warm.close()
+    totals = {"steps": 0, "episodes": 0, "seconds": 0.0}
+    for _ in range(rounds):
+        for key, value in steps_per_second(factory, action, seconds).items():
+            totals[key] += value
+    return {**totals, "steps_per_s": round(totals["steps"] / totals["seconds"], 1)}
 
 
 def openenv_pair(seconds: float, rounds: int) -> dict[str, Any]:
@@ -152,12 +181,22 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="seconds per env per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/adapters.json")
+    parser.add_argument(
+        "--only", action="append", default=None, help="measure only this pair (repeat); others stay as in --out"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    results: dict[str, Any] = {}
+    wanted = (lambda name: name in args.only) if args.only else (lambda name: True)
+    old = json.loads(Path(args.out).read_text()) if args.only and Path(args.out).exists() else {}
+    results: dict[str, Any] = dict(old.get("pairs", {}))
     for pair, envs in PAIRS:
-        results[pair] = measure(envs, args.seconds, args.rounds)
-    results["Sokoban over OpenEnv's protocol"] = openenv_pair(args.seconds, args.rounds)
+        if wanted(pair):
+            results[pair] = measure(envs, args.seconds, args.rounds)
+    if wanted("Sokoban over OpenEnv's protocol"):
+        results["Sokoban over OpenEnv's protocol"] = openenv_pair(args.seconds, args.rounds)
+    if wanted("Agent suites"):
+        alone = {label: suite_steps_per_second(f, a, max(args.seconds, 10.0), args.rounds) for label, f, a in SUITES}
+        results["Agent suites"] = {"envs": alone, "ratio_ours_over_theirs": {}}
     print(f"{'pair':<32} {'env':<46} {'steps/s':>10} {'ours/theirs':>12}")
     for pair, row in results.items():
         for label, env in row["envs"].items():
@@ -169,7 +208,12 @@ def main() -> None:
         "benchmark": "adapters",
         "seconds_per_env_per_round": args.seconds,
         "rounds": args.rounds,
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
+        "machine": {
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_average_1min_at_end": round(os.getloadavg()[0], 1),  # other jobs on the machine depress the rates
+        },
         "pairs": results,
         "skipped": SKIPPED,
     }

@@ -65,10 +65,8 @@ async def build_local(args: argparse.Namespace) -> tuple[InferenceEngine, dict[s
 
 async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
     model_dir = resolve_model_path(args.model)
-    try:
-        from envhub.trainer.engines.vllm import VLLMEngine
-    except ImportError:  # until VLLMEngine is on this branch: a plain `vllm serve` from the lab venv
-        from vllm_lab import LabVLLMEngine as VLLMEngine
+    from envhub.trainer.engines.vllm import VLLMEngine  # the trainer's own client: `make vllm` builds its venv
+
     started = time.perf_counter()
     engine = await VLLMEngine.launch(
         model_dir, dtype=args.vllm_dtype, max_model_len=args.prompt_tokens + args.new_tokens + 64

@@ -5,7 +5,15 @@
 """
 
 from envhub.core import AgentEnv, UnicodeText, run_sync
-from envhub.errors import ConfigError, EnvhubError, EnvNotFound, RegistrationError, ResetNeeded, SandboxError
+from envhub.errors import (
+    ConfigError,
+    EnvhubError,
+    EnvNotFound,
+    EnvUnavailable,
+    RegistrationError,
+    ResetNeeded,
+    SandboxError,
+)
 from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiagent, register, spec
 from envhub.remote import RemoteEnv, RemoteError
 from envhub.selfplay import SelfPlay
@@ -20,6 +28,7 @@ __all__ = [
     "ConfigError",
     "EnvNotFound",
     "EnvSpec",
+    "EnvUnavailable",
     "EnvhubError",
     "OpenEnvEnv",
     "ParsedAction",

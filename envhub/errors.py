@@ -23,6 +23,10 @@ class EnvNotFound(EnvhubError, KeyError):
     __str__ = EnvhubError.__str__  # KeyError's own would quote the message
 
 
+class EnvUnavailable(EnvhubError):
+    """A registered env this machine cannot run (a missing runtime, data it would download, a broken package)."""
+
+
 class RegistrationError(EnvhubError):
     """A register() call with bad arguments, or a broken plugin."""
 

@@ -64,6 +64,7 @@ class EpisodeRecord:
     agent: str
     reward: float = 0.0
     success: bool = False
+    progress: float | None = None  # the env's last info["progress"] (0-100, BALROG's measure), when it reports one
     steps: int = 0
     finish: str = "error"  # terminated | truncated | max_turns | timeout | error
     error: str | None = None
@@ -140,7 +141,18 @@ def summarize(records: Iterable[EpisodeRecord | dict[str, Any]], ks: Sequence[in
             "pass_at_k": pass_k,
             "errors": dict(sorted(errors.items())),
         }
+        progress = [float(r["progress"]) for r in scored if r.get("progress") is not None]
+        if progress:  # suites with partial progress (BALROG's 0-100)
+            summary[group]["progress"] = _mean_stderr(progress)
     return summary
+
+
+def _mean_stderr(values: list[float]) -> dict[str, float]:
+    """`{mean, stderr, episodes}` of `values` (stderr 0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    stderr = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else 0.0
+    return {"mean": mean, "stderr": stderr, "episodes": n}
 
 
 class EpisodeLog:
@@ -265,6 +277,8 @@ async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, rec
     record.finish = "env"  # which side failed, read by run_episode if something raises
     obs, info = await env.areset(seed=key.seed)
     record.first_observation = obs[:MAX_TEXT]
+    if isinstance(info.get("progress"), (int, float)):
+        record.progress = float(info["progress"])
     agent.reset({**info, "agent_seed": key.agent_seed})
     for _ in range(config.max_turns):
         record.finish = "agent"
@@ -283,6 +297,8 @@ async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, rec
         )
         record.reward += float(reward)
         record.steps += 1
+        if isinstance(info.get("progress"), (int, float)):
+            record.progress = float(info["progress"])
         if terminated or truncated:
             record.finish = "terminated" if terminated else "truncated"
             return

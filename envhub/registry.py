@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from envhub.errors import EnvNotFound, RegistrationError
+from envhub.errors import EnvNotFound, EnvUnavailable, RegistrationError
 
 NAMESPACE = "envhub"
 ENTRY_POINT_GROUP = "envhub.envs"
@@ -37,6 +37,8 @@ class EnvSpec:
     description: str = ""
     multiagent: bool = False
     source: str = "envhub"
+    #: what the env needs from this machine (`envhub.availability`), e.g. ("java",)
+    requires: tuple[str, ...] = ()
 
     @property
     def gym_id(self) -> str:
@@ -80,6 +82,7 @@ def register(
     description: str = "",
     multiagent: bool = False,
     source: str | None = None,
+    requires: tuple[str, ...] | list[str] = (),
 ) -> EnvSpec:
     """Register an environment under `id` (e.g. "MyEnv-v0") in envhub and in gymnasium."""
     env_id = _normalize(id)
@@ -105,6 +108,7 @@ def register(
         description=description,
         multiagent=multiagent,
         source=source or _current_source,
+        requires=tuple(requires),
     )
     _registry[env_id] = spec
     if not multiagent:
@@ -224,9 +228,19 @@ class AsyncEnvWrapper(gym.Wrapper):
         await self.unwrapped.aclose()
 
 
+def check_available(env_spec: EnvSpec) -> None:
+    """Raise EnvUnavailable when this machine cannot run the env (its `requires`), in one line."""
+    from envhub.availability import unmet
+
+    found = unmet(env_spec.requires)
+    if found is not None:
+        raise EnvUnavailable(f"{env_spec.id} cannot run here: {found[0]}", hint=found[1])
+
+
 def make(env_id: str, **kwargs: Any) -> AsyncEnvWrapper:
     """Build a single-agent env by id (with or without the `envhub/` prefix); kwargs override the spec's."""
     env_spec = spec(env_id)
+    check_available(env_spec)
     if env_spec.multiagent:
         raise RegistrationError(
             f"{env_spec.id} is a multi-agent environment",
@@ -242,4 +256,5 @@ def make_multiagent(env_id: str, **kwargs: Any) -> Any:
         raise RegistrationError(
             f"{env_spec.id} is a single-agent environment", hint=f"use envhub.make({env_spec.id!r})"
         )
+    check_available(env_spec)
     return env_spec.load()(**{**env_spec.kwargs, **kwargs})

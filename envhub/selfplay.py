@@ -207,8 +207,11 @@ class SelfPlay(AgentEnv):
     def _info(self, opponent_moves: list[str]) -> dict[str, Any]:
         if self.free_text:
             outcome = self.game.outcome()
+            mine = outcome is None and self.game.current_seat() == self.seat
+            moves = self.game.legal_moves() if mine and hasattr(self.game, "legal_moves") else []
             return {
                 "seat": self.seat,
+                "legal_actions": moves,
                 "opponent_moves": opponent_moves,
                 "illegal_streak": self._illegal_streak,
                 "result": None if outcome is None else float(outcome[self.seat]),
@@ -218,9 +221,11 @@ class SelfPlay(AgentEnv):
         for a in legal:
             mask[a] = 1
         outcome = self.game.outcome()
+        names = [self.game.move_name(a) for a in legal]
         return {
             "seat": self.seat,
-            "legal_moves": [self.game.move_name(a) for a in legal],
+            "legal_actions": names,
+            "legal_moves": names,
             "action_mask": mask,
             "opponent_moves": opponent_moves,
             "opponent_illegal": self._opponent_illegal,

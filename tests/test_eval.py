@@ -336,6 +336,27 @@ def test_cli_exits_non_zero_when_every_episode_failed(capsys):
     assert "2 episode(s) ended in an error" in err
 
 
+def test_progress_is_recorded_per_episode_and_summarized_with_its_standard_error():
+    from envhub.eval import summarize
+
+    rows = [
+        {"env_id": "A-v0", "seed": s, "attempt": 0, "seat": None, "reward": 0.0, "success": False, "progress": p}
+        for s, p in enumerate((0.0, 100.0))
+    ]
+    rows.append({"env_id": "B-v0", "seed": 0, "attempt": 0, "seat": None, "reward": 1.0, "success": True})
+    summary = summarize(rows, [1])
+    assert summary["A-v0"]["progress"] == {"mean": 50.0, "stderr": 50.0, "episodes": 2}
+    assert "progress" not in summary["B-v0"]  # envs that report none get no progress figure
+
+
+def test_an_expert_on_a_suite_with_progress_reaches_100():
+    pytest.importorskip("minigrid", reason="needs minigrid (pip install 'envhub[minigrid]')")
+    from envhub.agents import ExpertAgent
+
+    summary = asyncio.run(evaluate(["minigrid-BabyAI-GoToRedBallNoDists-v0"], ExpertAgent, episodes=2, seeds=500))
+    assert summary["minigrid-BabyAI-GoToRedBallNoDists-v0"]["progress"]["mean"] == 100.0
+
+
 class ClosingAgent(RandomAgent):
     """A random agent that notes when it is closed."""
 

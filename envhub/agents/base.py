@@ -54,7 +54,9 @@ class Agent:
 
 
 class RandomAgent(Agent):
-    """Valid random actions: a legal move, a shop element, a dictionary word, or a tool call with random arguments.
+    """Random legal actions: one of the env's `info["legal_actions"]` (the contract in docs/authoring.md) or a
+    turn game's legal moves when the env lists them; else a shop element, a dictionary word, or a tool call with
+    random arguments.
 
     Seeded by `info["agent_seed"]` at reset (the evaluator sets it), else by `seed`.
     """
@@ -73,8 +75,9 @@ class RandomAgent(Agent):
 
     async def act(self, observation: str, info: dict[str, Any]) -> Action:
         rng = self.rng
-        if info.get("legal_moves"):  # turn games (SelfPlay)
-            return str(rng.choice(info["legal_moves"]))
+        legal = info.get("legal_actions") or info.get("legal_moves")  # the env's list, then SelfPlay's older name
+        if legal:
+            return str(rng.choice(list(legal)))
         if info.get("available_actions") or info.get("has_search"):  # the web shop
             labels = list(info.get("available_actions") or [])
             if info.get("has_search") and (not labels or rng.random() < 0.5):

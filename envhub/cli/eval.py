@@ -82,12 +82,17 @@ def print_table(summary: dict[str, dict[str, Any]], ks: list[int], title: str = 
     from rich.table import Table
 
     table = Table(title=title or None)
-    for column in ("env", "episodes", "mean reward", *(f"pass@{k}" for k in ks), "errors"):
+    with_progress = any("progress" in row for row in summary.values())  # suites with BALROG-style progress (0-100)
+    columns = ("env", "episodes", "mean reward", *(("progress",) if with_progress else ()), *(f"pass@{k}" for k in ks))
+    for column in (*columns, "errors"):
         table.add_column(column, justify="left" if column in ("env", "errors") else "right")
     for env_id, row in summary.items():
         passes = [("-" if row["pass_at_k"].get(str(k)) is None else f"{row['pass_at_k'][str(k)]:.3f}") for k in ks]
         errors = ", ".join(f"{kind} {count}" for kind, count in row["errors"].items()) or "-"
-        table.add_row(env_id, str(row["episodes"]), f"{row['mean_reward']:.3f} ± {row['stderr']:.3f}", *passes, errors)
+        progress = row.get("progress")
+        shown = [f"{progress['mean']:.1f} ± {progress['stderr']:.1f}" if progress else "-"] if with_progress else []
+        reward = f"{row['mean_reward']:.3f} ± {row['stderr']:.3f}"
+        table.add_row(env_id, str(row["episodes"]), reward, *shown, *passes, errors)
     Console().print(table)
 
 

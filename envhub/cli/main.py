@@ -32,13 +32,27 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from envhub.availability import unavailable
     from envhub.registry import list_envs
 
     specs = list_envs(tag=args.tag)
+    why = {s.id: unavailable(s) for s in specs}
+    if args.available:
+        specs = [s for s in specs if not why[s.id]]
     if args.json:
         print(
             json.dumps(
-                [{"id": s.id, "tags": list(s.tags), "description": s.description, "source": s.source} for s in specs],
+                [
+                    {
+                        "id": s.id,
+                        "tags": list(s.tags),
+                        "description": s.description,
+                        "source": s.source,
+                        "available": not why[s.id],
+                        **({"unavailable": why[s.id]} if why[s.id] else {}),
+                    }
+                    for s in specs
+                ],
                 indent=2,
             )
         )
@@ -50,7 +64,11 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for s in specs:
         tags = ",".join(s.tags)
         origin = "" if s.source == "envhub" else f"  [{s.source}]"
-        print(f"{s.id:<{width}}  {tags:<32}  {s.description}{origin}")
+        mark = "  (unavailable here: `envhub info` says why)" if why[s.id] else ""
+        print(f"{s.id:<{width}}  {tags:<32}  {s.description}{origin}{mark}")
+    hidden = sum(1 for reason in why.values() if reason)
+    if hidden and not args.available:
+        print(f"\n{hidden} ids cannot run on this machine (marked); `envhub list --available` hides them")
     if args.tag is None:  # the adapted families' counts close the full listing
         from envhub.envs.adapters.family import family_lines
 
@@ -90,7 +108,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"source:       {env_spec.source}")
     print(f"tags:         {', '.join(env_spec.tags) or '-'}")
     print(f"max steps:    {env_spec.max_episode_steps or '-'}")
+    from envhub.availability import unmet
+
+    missing = unmet(env_spec.requires)
+    print("available:    " + ("yes" if missing is None else f"no: {missing[0]} ({missing[1]})"))
     _print_kwargs(env_spec)
+    if missing is not None:  # its package cannot be asked for spaces or tools here
+        return 0
     if env_spec.multiagent:
         env = make_multiagent(env_spec.id)
         print(f"agents:       {', '.join(env.possible_agents)}")
@@ -130,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list registered environments")
     p.add_argument("--tag", help="only environments with this tag (e.g. game, math, multi-agent)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--available",
+        action="store_true",
+        help="only environments this machine can run (`envhub info ID` says why not)",
+    )
     add_import_option(p)
     p.set_defaults(handler=_cmd_list)
     p = sub.add_parser("info", help="show an environment's spaces, tools, reward and kwargs")

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EnvhubError
+from envhub.errors import EnvhubError, EnvUnavailable
+from envhub.tools import tool
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 4  # 2: records may carry `requires` (envhub.availability); 3: ta- broken games; 4: gem- needs
 
 
-class AdapterUnavailable(EnvhubError):
+class AdapterUnavailable(EnvUnavailable):
     """An adapted env whose package is missing, or that needs a download it cannot make offline."""
 
 
@@ -142,11 +143,18 @@ def require(family: Family, what: str = "") -> Any:
         ) from None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ENVHUB_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "envhub"
+def cache_root() -> Path:
+    """envhub's cache directory: $ENVHUB_CACHE_DIR, else $ENVHUB_CACHE, else ~/.cache/envhub."""
+    root = (
+        os.environ.get("ENVHUB_CACHE_DIR")
+        or os.environ.get("ENVHUB_CACHE")
+        or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "envhub")
     )
-    return Path(root) / "families"
+    return Path(root)
+
+
+def _cache_dir() -> Path:
+    return cache_root() / "families"
 
 
 def family_catalogue(family: Family, version: str, build: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -155,7 +163,8 @@ def family_catalogue(family: Family, version: str, build: Callable[[], list[dict
     `build` imports the package and lists its registry; each record is a plain JSON dict the
     adapter turns into `envhub.register` calls.
     """
-    path = _cache_dir() / f"{family.extra}-{version}.json"
+    # the format in the name: envhub installs of different formats sharing one cache do not rewrite each other's
+    path = _cache_dir() / f"{family.extra}-{version}-f{CACHE_FORMAT}.json"
     try:
         cached = json.loads(path.read_text())
         if cached.get("format") == CACHE_FORMAT and cached.get("version") == version:
@@ -219,3 +228,56 @@ def family_lines() -> list[str]:
             f"{status.version}, {fam.licence}"
         )
     return lines
+
+
+# -- text commands: what the game suites (MiniGrid, TextWorld, ScienceWorld, Crafter) share ------------
+@tool
+def act(action: str) -> str:
+    """Take one action in the game.
+
+    Args:
+        action: The action, written as the instructions list it (e.g. "go forward", "open door", "move north").
+    """
+    return action
+
+
+def command_text(action: str | dict[str, Any]) -> str:
+    """The command an agent sent: the argument of its first tool call, else its reply's text, stripped."""
+    from envhub.toolcalls import parse_tool_calls
+
+    parsed = parse_tool_calls(action)
+    if parsed.calls:
+        arguments = parsed.calls[0].arguments
+        value = arguments.get("action", next(iter(arguments.values()), "")) if arguments else ""
+        return " ".join(str(value).split())
+    return parsed.text.strip()
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+@dataclass(frozen=True)
+class CommandMenu:
+    """A short fixed list of actions read from free text: exact names, aliases, then the last one mentioned."""
+
+    names: tuple[str, ...]
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def read(self, text: str) -> str | None:
+        """The action `text` names, or None; a model that reasons first and answers last is read by its last
+        line, then by the last action named anywhere in the reply."""
+        known = {_normal(n): n for n in self.names} | {_normal(a): n for a, n in self.aliases.items()}
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        for candidate in (text, *lines[-1:]):
+            if _normal(candidate) in known:
+                return known[_normal(candidate)]
+        normal = _normal(text[-2000:])
+        pattern = r"\b(" + "|".join(re.escape(k) for k in sorted(known, key=len, reverse=True)) + r")\b"
+        found = re.findall(pattern, normal)
+        return known[found[-1]] if found else None
+
+    def unknown(self, text: str) -> str:
+        """The observation for a reply that names no action."""
+        shown = " ".join(text.split())[:80] or "(empty)"
+        return f"Unknown action {shown!r}. Legal actions: {', '.join(self.names)}."

@@ -14,7 +14,11 @@ system prompt and tools envhub rollouts expect.
 
 from __future__ import annotations
 
+import importlib.util
+import random
 import re
+import zlib
+from pathlib import Path
 from typing import Any, ClassVar
 
 from envhub.core import AgentEnv, UnicodeText
@@ -99,7 +103,8 @@ class GemEnv(AgentEnv):
         self._done = False
         self._last = str(observation)[-TEXT_LENGTH:]
         return self._last, self.base_info(
-            **{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")}
+            **{k: v for k, v in (info or {}).items() if k not in ("system_prompt", "tools")},
+            legal_actions=self.legal_actions(),
         )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -115,8 +120,30 @@ class GemEnv(AgentEnv):
         self._last = str(observation)[-TEXT_LENGTH:]
         # GEM's one-answer envs report terminated and truncated together; the answer was graded, so the episode
         # terminated (gymnasium treats truncated as a cut, which bootstrapping would read wrongly)
-        info = {**(info or {}), "gem_truncated": bool(truncated)}
+        info = {**(info or {}), "gem_truncated": bool(truncated), "legal_actions": self.legal_actions()}
         return self._last, float(reward), bool(terminated), bool(truncated) and not terminated, info
+
+    def legal_actions(self, samples: int = 32) -> list[str]:
+        """Well-formed actions for the current state ([] when GEM has no notion of them): a game's own action
+        list when it keeps one (Sokoban's directions), else distinct draws of GEM's `sample_random_action()`
+        (seeded by the observation, so the same state gives the same list)."""
+        if self._done:
+            return []
+        game = getattr(self.env, "unwrapped", self.env)
+        listed = getattr(game, "action_space", None)
+        if isinstance(listed, (list, tuple)) and listed and all(isinstance(a, str) for a in listed):
+            return [f"\\boxed{{{a}}}" for a in listed]
+        if not hasattr(game, "sample_random_action"):
+            return []
+        state = random.getstate()  # GEM draws from the global `random`: leave the caller's stream as it was
+        random.seed(zlib.crc32(self._last.encode()))
+        try:
+            drawn = [str(game.sample_random_action()) for _ in range(samples)]
+        except Exception:  # a game that cannot sample in this state
+            drawn = []
+        finally:
+            random.setstate(state)
+        return sorted(set(drawn))
 
     def render_text(self) -> str:
         return self._last
@@ -135,8 +162,28 @@ def _catalogue() -> list[dict[str, Any]]:
             if isinstance(spec.entry_point, str)
             else f"{spec.entry_point.__module__}:{spec.entry_point.__qualname__}"
         )
-        records.append({"gem_id": gem_id, "id": envhub_id(gem_id), "kind": kind, "entry_point": entry})
+        records.append(
+            {"gem_id": gem_id, "id": envhub_id(gem_id), "kind": kind, "entry_point": entry, "needs": _needs(spec)}
+        )
     return records
+
+
+def _needs(spec: Any) -> list[str]:
+    """What a GEM env needs from outside (`envhub.availability`): its Hugging Face dataset, NLTK's word list."""
+    needs = []
+    dataset = (spec.kwargs or {}).get("dataset_name")
+    if isinstance(dataset, str) and dataset:
+        needs.append(f"hf-dataset:{dataset}")
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
+    try:  # read the env's module without importing it
+        found = importlib.util.find_spec(entry.split(":")[0])
+    except (ImportError, ValueError):
+        found = None
+    origin = getattr(found, "origin", None)
+    source = Path(origin).read_text(errors="replace") if origin and origin.endswith(".py") else ""
+    if "nltk" in source:  # Wordle, Hangman, WordSearch draw words from NLTK's corpus
+        needs.append("nltk:words")
+    return needs
 
 
 def _register(record: dict[str, Any]) -> str:
@@ -148,6 +195,7 @@ def _register(record: dict[str, Any]) -> str:
         kwargs={"gem_id": record["gem_id"]},
         max_episode_steps=200,
         tags=("gem", record["kind"], "single-agent"),
+        requires=tuple(record.get("needs", ())),
         description=f"GEM {record['gem_id']} ({record['entry_point'].split(':')[-1]})",
         source=FAMILY.distribution,
     )

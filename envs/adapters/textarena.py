@@ -19,8 +19,11 @@ wrappers).
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import random
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,6 +43,7 @@ from envhub.envs.adapters.family import (
     require,
     upstream,
 )
+from envhub.envs.adapters.textarena_moves import legal_moves, listed_moves, variants
 from envhub.errors import ConfigError, ResetNeeded
 
 FAMILY = Family(
@@ -49,8 +53,6 @@ TEXT_LENGTH = 1 << 16
 _TA_ID = re.compile(r"^(?P<name>.+?)-v(?P<version>\d+)(?P<variant>(-.+)?)$")
 _NLTK_DOWNLOAD = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|['\"][^'\"]+['\"])")
 _NLTK_PATHS = {"words": "corpora/words", "averaged_perceptron_tagger_eng": "taggers/averaged_perceptron_tagger_eng"}
-_BRACKETED = re.compile(r"\[([^\[\]\n]{1,40})\]")
-_NOT_MOVES = re.compile(r"^(player \d+|game|gamemaster|moderator|you|valid moves?.*)$", re.IGNORECASE)
 
 
 def envhub_id(ta_id: str) -> str:
@@ -195,7 +197,7 @@ class TextArenaEnv(AgentEnv):
             _, observation = self.game.get_observation()
         self._done = False
         self._last = message_text(observation)
-        return self._last, self.base_info(game=self.ta_id)
+        return self._last, self.base_info(game=self.ta_id, legal_actions=legal_moves(self._last))
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -205,13 +207,13 @@ class TextArenaEnv(AgentEnv):
             if not done:
                 _, observation = self.game.get_observation()
                 self._last = message_text(observation)
-                return self._last, 0.0, False, False, {"step_info": step_info}
+                return self._last, 0.0, False, False, {"step_info": step_info, "legal_actions": legal_moves(self._last)}
             rewards, game_info = self.game.close()
         self._done = True
         reward = _reward(self.ta_id, (rewards or {}).get(0, 0.0))
         reason = (game_info or {}).get(0, {}).get("reason", "")
         self._last = f"Game over ({reward:+g}). {reason}".strip()
-        return self._last, reward, True, False, {"step_info": step_info, "game_info": game_info}
+        return self._last, reward, True, False, {"step_info": step_info, "game_info": game_info, "legal_actions": []}
 
     def render_text(self) -> str:
         return self._last
@@ -331,13 +333,52 @@ class TextArenaGame(TextRender, AECEnv):
         """The latest text seat `seat` was given."""
         return self._texts.get(self.possible_agents[seat], "")
 
-    def random_move(self, rng: np.random.Generator) -> str:
-        """A random player: one of the bracketed moves the current observation lists, else a random word."""
+    def legal_moves(self, tries: int = 40) -> list[str]:
+        """Moves the current player can make, as the game wants them written: the list of open moves its observation
+        gives, else the moves it shows by example and more of the same form (`textarena_moves`), each tried on a
+        copy of the game and kept if the game accepts it. [] when the observation shows no move at all."""
         text = self._texts.get(self.agent_selection, "")
-        tail = text[-2000:]  # the latest instructions list the moves that are open now
-        moves = [m for m in _BRACKETED.findall(tail) if not _NOT_MOVES.match(m.strip())]
+        offered = legal_moves(text)
+        if not offered or self._result is not None or listed_moves(text):
+            return offered  # a game listing its open moves is taken at its word (no trials: SelfPlay stays cheap)
+        rng = random.Random(zlib.crc32(text.encode()))  # the same position gives the same list
+        accepted: list[str] = []
+        tried: set[str] = set()
+        for round_ in range(4):  # more draws while none is accepted (an example move that is no longer open)
+            candidates = (offered if round_ == 0 else []) + variants(offered, text, rng, tries << round_)
+            for move in dict.fromkeys(candidates):
+                if move not in tried:
+                    tried.add(move)
+                    if self._accepts(move):
+                        accepted.append(move)
+            if accepted:
+                return accepted
+        return offered
+
+    def _accepts(self, move: str) -> bool:
+        """Whether TextArena takes `move` from the current player without calling it invalid (tried on a copy)."""
+        try:
+            trial = copy.deepcopy(self.game)
+            state = trial.state
+            calls: list[Any] = []
+            original = state.set_invalid_move
+
+            def record(*args: Any, **kwargs: Any) -> Any:  # the state forgets the flag by the end of its step
+                calls.append(args)
+                return original(*args, **kwargs)
+
+            state.set_invalid_move = record
+            with _in_textarena(self.ta_id), contextlib.redirect_stderr(io.StringIO()):
+                trial.step(move)
+        except Exception:
+            return False
+        return not calls
+
+    def random_move(self, rng: np.random.Generator) -> str:
+        """A random player: one of the moves the current observation offers, else a random bracketed word."""
+        moves = self.legal_moves()
         if moves:
-            return f"[{moves[int(rng.integers(len(moves)))]}]"
+            return moves[int(rng.integers(len(moves)))]
         return "[" + "".join(chr(int(c)) for c in rng.integers(97, 123, size=4)) + "]"
 
 
@@ -352,6 +393,9 @@ def _players(ta: Any, spec: Any, needs: list[str]) -> int:
                     game = ta.make(spec.id)
                     game.reset(num_players=n, seed=0)
                 return n
+            except (SyntaxError, ImportError, FileNotFoundError) as exc:  # no player count loads it: say why
+                needs.append(_broken(exc))
+                break
             except Exception:
                 continue
     module = spec.entry_point.split(":")[0] if isinstance(spec.entry_point, str) else spec.entry_point.__module__
@@ -363,24 +407,35 @@ def _players(ta: Any, spec: Any, needs: list[str]) -> int:
     return int(bounds.group(1)) if bounds else 2
 
 
+def _broken(exc: Exception) -> str:
+    """The requirement an id whose code cannot load on this Python/package gets (`envhub.availability`)."""
+    if isinstance(exc, SyntaxError):
+        return "python>=3.12"  # TextArena uses 3.12 f-strings in some games
+    return f"broken:textarena {installed_version(FAMILY.distribution)} lacks a file ({type(exc).__name__})"
+
+
 def _catalogue() -> list[dict[str, Any]]:
     """Every id TextArena registers, with its player count and what it needs from outside."""
     ta = require(FAMILY)
     from textarena.envs.registration import ENV_REGISTRY
 
-    players_of: dict[str, int] = {}
+    players_of: dict[str, tuple[int, list[str]]] = {}
     records = []
     for ta_id, spec in ENV_REGISTRY.items():
         module = spec.entry_point.split(":")[0] if isinstance(spec.entry_point, str) else spec.entry_point.__module__
-        needs = _needs(module)
         key = f"{spec.entry_point}"
         if key not in players_of:
-            players_of[key] = _players(ta, spec, needs)
+            needs = _needs(module)
+            players_of[key] = (_players(ta, spec, needs), needs)
+        players, needs = players_of[key]
         game = module.split(".")[-2] if module.count(".") >= 2 else ta_id
-        records.append(
-            {"ta_id": ta_id, "id": envhub_id(ta_id), "players": players_of[key], "needs": needs, "game": game}
-        )
+        records.append({"ta_id": ta_id, "id": envhub_id(ta_id), "players": players, "needs": list(needs), "game": game})
     return records
+
+
+def requirements(needs: list[str]) -> tuple[str, ...]:
+    """A game's needs as `envhub.availability` requirements (`envhub list` marks the ids this machine cannot run)."""
+    return tuple("network:OpenRouter" if need == "openrouter" else need for need in needs)
 
 
 def _register(record: dict[str, Any]) -> str:
@@ -388,7 +443,11 @@ def _register(record: dict[str, Any]) -> str:
 
     players = record["players"]
     needs = " (needs " + ", ".join(record["needs"]) + ")" if record["needs"] else ""
-    common = {"tags": ("textarena", "game", "text-game", record["game"]), "source": FAMILY.distribution}
+    common = {
+        "tags": ("textarena", "game", "text-game", record["game"]),
+        "source": FAMILY.distribution,
+        "requires": requirements(record["needs"]),
+    }
     if players == 1:
         register(
             record["id"],

@@ -55,3 +55,29 @@ def test_play_stops_cleanly_at_end_of_input():
     out = io.StringIO()
     play("EchoPlayEof-v0", stdin=io.StringIO("one\n"), stdout=out)
     assert "end of input" in out.getvalue()
+
+
+def test_list_marks_ids_that_cannot_run_here_available_hides_them_info_says_why(capsys):
+    import json
+
+    envhub.register("EchoBroken-v0", Echo, tags=("avail-check",), requires=("broken:its data files are missing",))
+    envhub.register("EchoFine-v0", Echo, tags=("avail-check",))
+    assert main(["list", "--tag", "avail-check"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("EchoBroken-v0") and "unavailable here" in line for line in lines)
+    assert any(line.startswith("EchoFine-v0") and "unavailable" not in line for line in lines)
+    assert "1 ids cannot run on this machine" in "\n".join(lines)
+    assert main(["list", "--tag", "avail-check", "--available"]) == 0
+    out = capsys.readouterr().out
+    assert "EchoFine-v0" in out and "EchoBroken-v0" not in out
+    assert main(["list", "--tag", "avail-check", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["EchoBroken-v0"]["unavailable"] == "its data files are missing" and rows["EchoFine-v0"]["available"]
+    assert main(["info", "EchoBroken-v0"]) == 0
+    assert "available:    no: its data files are missing (pick another env)" in capsys.readouterr().out
+    try:
+        envhub.make("EchoBroken-v0")
+    except envhub.EnvhubError as exc:
+        assert "cannot run here: its data files are missing" in str(exc) and "\n" not in str(exc)
+    else:
+        raise AssertionError("an unavailable env was made")

@@ -53,8 +53,29 @@ def test_python_tool_wrapper_runs_code_sandboxed():
 
 
 def test_hub_datasets_and_nltk_downloads_are_refused_in_one_line():
-    with pytest.raises(AdapterUnavailable, match="cannot load its data offline") as caught:
+    from envhub.envs.adapters.gem import GemEnv
+    from envhub.errors import EnvUnavailable
+
+    with pytest.raises(EnvUnavailable, match="huggingface-cli download") as caught:  # envhub.make checks `requires`
         envhub.make("gem-math-GSM8K-v0")
     assert "\n" not in str(caught.value)
-    with pytest.raises(AdapterUnavailable, match="nltk"):
+    with pytest.raises(AdapterUnavailable, match="cannot load its data offline"):  # made directly: GEM's own failure
+        GemEnv("math:GSM8K")
+    with pytest.raises(EnvUnavailable, match="nltk"):
         envhub.make("gem-game-Wordle-easy-v0").reset(seed=0)
+
+
+def test_envs_that_need_a_hub_dataset_or_nltk_words_are_marked_until_the_data_is_local(tmp_path, monkeypatch):
+    from envhub.availability import problem, unavailable
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    problem.cache_clear()
+    try:
+        assert "Hugging Face dataset 'axon-rl/GSM-8k'" in unavailable(envhub.spec("gem-math-GSM8K-v0"))
+        assert "nltk:words" in envhub.spec("gem-game-Wordle-easy-v0").requires
+        assert unavailable(envhub.spec("gem-game-Sokoban-easy-v0")) == ""
+        (tmp_path / "datasets--axon-rl--GSM-8k").mkdir()  # fetched once where the internet was reachable
+        problem.cache_clear()
+        assert unavailable(envhub.spec("gem-math-GSM8K-v0")) == ""
+    finally:
+        problem.cache_clear()

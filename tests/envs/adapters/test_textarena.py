@@ -1,6 +1,8 @@
 """ta-* ids: one-player games as AgentEnvs, multi-player ones as PettingZoo AEC envs playable with SelfPlay; TextArena's
 rewards kept."""
 
+import sys
+
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -8,7 +10,7 @@ from pettingzoo.test import api_test
 
 import envhub
 from envhub.envs.adapters.family import AdapterUnavailable
-from envhub.envs.adapters.textarena import envhub_id, message_text
+from envhub.envs.adapters.textarena import TextArenaGame, envhub_id, message_text
 
 ta = pytest.importorskip("textarena", reason="needs textarena (pip install 'envhub[textarena]')")
 
@@ -88,9 +90,23 @@ def test_selfplay_with_a_callable_opponent_sees_its_own_observation():
 def test_games_that_download_or_call_hosted_llms_are_refused_in_one_line(monkeypatch):
     import nltk
 
+    from envhub.errors import EnvUnavailable
+
     monkeypatch.setattr(nltk.data, "path", ["/nonexistent"])  # even where NLTK data exists, envhub never fetches it
-    with pytest.raises(AdapterUnavailable, match="nltk.downloader") as caught:
+    with pytest.raises(EnvUnavailable, match="nltk.downloader") as caught:
         envhub.make("ta-Wordle-v0")
     assert "\n" not in str(caught.value)
-    with pytest.raises(AdapterUnavailable, match="OpenRouter"):
+    with pytest.raises(EnvUnavailable, match="OpenRouter"):
         envhub.make_multiagent("ta-Debate-v0")
+    # made directly (not through envhub.make's check of the spec), the adapter refuses the same way
+    with pytest.raises(AdapterUnavailable, match="OpenRouter"):
+        TextArenaGame(ta_id="Debate-v0", num_players=2, needs=["openrouter"])
+
+
+def test_list_marks_what_cannot_run_offline_and_info_says_why():
+    from envhub.availability import unavailable
+
+    assert "OpenRouter" in unavailable(envhub.spec("ta-Debate-v0"))
+    if sys.version_info < (3, 12):  # 3.12 f-strings in its source
+        assert unavailable(envhub.spec("ta-Checkers-v0")).startswith("needs python>=3.12")
+    assert unavailable(envhub.spec("ta-TicTacToe-v0")) == ""

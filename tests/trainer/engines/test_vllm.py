@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 import torch
 
@@ -104,6 +105,22 @@ async def test_finish_reasons_and_seeds(vllm, tokenizer):
     assert again[0].output_ids == again[1].output_ids == again[2].output_ids
 
 
+async def generated_tokens(url: str) -> float:
+    """The server's count of generated tokens so far (vLLM's Prometheus counter)."""
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as response:
+        text = await response.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+async def until_generating(url: str, before: float, at_least: int = 8) -> None:
+    """Wait until the server has generated `at_least` tokens since `before`: a push then lands mid-generation,
+    however fast the machine (a fixed sleep let LONG tokens finish first on a quiet one)."""
+    while await generated_tokens(url) < before + at_least:
+        await asyncio.sleep(0.01)
+
+
 async def current_version(engine: VLLMEngine) -> int:
     """The server's weight label as a number ("default" before any push is 0)."""
     label = await engine.weight_version()
@@ -124,10 +141,9 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
     prompt = chat_prompt(tokenizer, "Hello there")
     sampling = SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True)
     old = await current_version(vllm)
+    before = await generated_tokens(vllm.url)
     running = [asyncio.create_task(vllm.generate(prompt, sampling)) for _ in range(3)]
-    while vllm.in_flight < 3:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)
+    await until_generating(vllm.url, before, at_least=3 * 8)
     await vllm.update_weights(other.state_dict(), version=old + 1)  # pause(abort) -> reload -> relabel -> resume
     try:
         for result in await asyncio.gather(*running):
@@ -155,11 +171,12 @@ async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model,
     keep = VLLMEngine(vllm.url, pause_mode="in_place", api_key=KEY)
     prompt = chat_prompt(tokenizer, "What is 7+5? Answer briefly.")
     try:
+        before = await generated_tokens(keep.url)
         running = asyncio.create_task(
             keep.generate(prompt, SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True))
         )
         old = await current_version(keep)
-        await asyncio.sleep(1.5)
+        await until_generating(keep.url, before)
         await keep.update_weights(served_model.state_dict(), version=old + 1)  # the same weights, a new label
         result = await running
         assert result.meta["resubmits"] == 0 and result.finish_reason == "length"
@@ -170,12 +187,11 @@ async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model,
 
 async def test_user_abort_returns_partial_tokens_and_is_not_resubmitted(vllm, tokenizer):
     prompt = chat_prompt(tokenizer, "Hello there")
+    before = await generated_tokens(vllm.url)
     running = asyncio.create_task(
         vllm.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True), rid="job-1")
     )
-    while not vllm.in_flight:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)
+    await until_generating(vllm.url, before)
     await vllm.abort("job-1")
     result = await running
     assert result.finish_reason == "abort" and result.meta["resubmits"] == 0
