@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +45,45 @@ class ModelConfig:
 
 
 @dataclass
+class RouterLaunchConfig:
+    """sglang-router started in front of the launched servers (`python -m sglang_router.launch_router`)."""
+
+    port: int = 30000  #: the router's port (generation goes there; weight updates still go to every server)
+    policy: Literal["manual", "cache_aware", "round_robin", "random", "power_of_two"] = (
+        "manual"  #: manual pins each episode (X-SMG-Routing-Key) to one server, keeping its prefix cache
+    )
+    health_check_endpoint: str = "/ready"  #: /health would generate, and fail on a paused server
+    extra_args: list[str] = field(default_factory=list)  #: more launch_router flags
+
+
+@dataclass
+class SGLangLaunchConfig:
+    """SGLang servers the trainer starts itself (`python -m sglang.launch_server`, CUDA only)."""
+
+    python: str = ""  #: interpreter with SGLang installed (default: this one); SGLang pins its own torch
+    model_path: str = ""  #: HF model directory to serve; "" = the initial policy, exported to RUN_DIR/weights/initial
+    num_servers: int = 1  #: servers, each on engine.tp_size GPUs
+    base_gpu_id: int = 0  #: first GPU of server 0; server i starts at base_gpu_id + i * tp_size
+    host: str = "127.0.0.1"  #: where the servers (and router) listen; other hosts need engine.api_key
+    port: int = 30001  #: server i listens on port + i
+    mem_fraction_static: float = 0.0  #: GPU memory for weights + KV cache (0 = SGLang's choice; lower it colocated)
+    enable_memory_saver: bool = False  #: --enable-memory-saver (release/resume memory occupation)
+    skip_server_warmup: bool = False  #: --skip-server-warmup
+    startup_timeout_s: float = 1800.0  #: how long a server may take to become ready
+    extra_args: list[str] = field(default_factory=list)  #: more launch_server flags
+    router: RouterLaunchConfig | None = None  #: start sglang-router in front of the servers
+
+
+@dataclass
 class EngineConfig:
     """Where rollouts are generated."""
 
     kind: Literal["local", "sglang", "vllm"] = (
-        "local"  #: embedded LocalEngine, an SGLang server, or a real vLLM server (launched here unless url is set)
+        "local"  #: embedded LocalEngine, SGLang servers (attached or launched), or a real vLLM server
     )
-    url: str = ""  #: SGLang server URL(s) (kind sglang), or a running vLLM server to attach to (kind vllm)
+    url: str = ""  #: SGLang server URL(s), comma-separated, or a running vLLM server to attach to (kind vllm)
+    launch: SGLangLaunchConfig | None = None  #: kind sglang: start the servers instead of attaching
+    router_url: str = ""  #: kind sglang, attach: generate through this sglang-router (control calls go to each url)
     max_batch_size: int = 16  #: requests the local engine batches together
     prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
@@ -69,6 +102,54 @@ class EngineConfig:
     max_model_len: int = 0  #: vllm: context length (0 = the model's, at most 8192)
     kv_cache_gib: float = 2.0  #: vllm: KV cache memory of a launched server (VLLM_CPU_KVCACHE_SPACE)
     startup_timeout_s: float = 900.0  #: vllm: seconds a launched server may take to answer /health
+    admin_api_key: str = ""  #: the server's --admin-api-key (weight, pause and abort routes then need it)
+    tp_size: int = 1  #: tensor-parallel GPUs of each SGLang server
+    weight_sync: Literal["disk", "tensor", "nccl"] = (
+        "disk"  #: kind sglang: how pushes travel: a saved directory, CUDA IPC tensors (colocated), an NCCL group
+    )
+    tensor_format: Literal["sglang", "safetensors"] = (
+        "sglang"  #: weight_sync tensor: SGLang's CUDA IPC pickles, or safetensors (envhub serve-engine)
+    )
+    bucket_mb: float = 512.0  #: weight_sync tensor / nccl: most megabytes per update request
+    group_backend: Literal["nccl", "gloo"] = "nccl"  #: weight_sync nccl: the group's backend (gloo: CPU, tests)
+    group_address: str = "127.0.0.1"  #: weight_sync nccl: the trainer's address as the servers reach it
+
+    def validate(self) -> None:
+        """Raise ConfigError for engine settings that cannot work together."""
+        if self.kind != "sglang":
+            if self.launch is not None or self.router_url or self.weight_sync != "disk":
+                raise ConfigError(
+                    f"engine.launch, router_url and weight_sync are for kind: sglang, not kind: {self.kind}",
+                    hint="set engine.kind: sglang, or drop those keys",
+                )
+            return
+        if self.launch is not None and (self.url or self.router_url):
+            raise ConfigError(
+                "engine has both launch and url: attach to running servers or launch them, not both",
+                hint="drop engine.url (launch) or engine.launch (attach)",
+            )
+        if self.launch is None and not self.url:
+            raise ConfigError(
+                "engine.kind sglang needs engine.url (running servers) or engine.launch (start SGLang)",
+                hint="e.g. url: http://127.0.0.1:30000, or launch: {num_servers: 1}",
+            )
+        if self.tp_size < 1 or self.bucket_mb <= 0:
+            raise ConfigError(f"engine.tp_size must be >= 1 and bucket_mb > 0, got {self.tp_size}, {self.bucket_mb}")
+        launch = self.launch
+        if launch is not None:
+            if launch.num_servers < 1:
+                raise ConfigError(f"engine.launch.num_servers must be at least 1, got {launch.num_servers}")
+            if not 0 <= launch.mem_fraction_static < 1:
+                raise ConfigError(
+                    f"engine.launch.mem_fraction_static must be in [0, 1), got {launch.mem_fraction_static}"
+                )
+            from envhub.trainer.engines.server_security import is_loopback
+
+            if not self.api_key and not is_loopback(launch.host):
+                raise ConfigError(
+                    f"engine.launch.host {launch.host} reaches beyond this machine without an API key",
+                    hint="set engine.api_key (SGLang's --api-key), or keep host: 127.0.0.1",
+                )
 
 
 @dataclass
@@ -252,6 +333,7 @@ class TrainConfig:
         if self.algorithm.mode == "async" and self.algorithm.max_staleness < 0:
             raise ConfigError("algorithm.max_staleness must be >= 0")
         self.algorithm.validate()
+        self.engine.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
         if self.engine.max_outage_s < 0:
@@ -286,6 +368,11 @@ _YAML11_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint):
+        if value is None:
+            return None
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        origin = typing.get_origin(hint)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
     if origin is list:

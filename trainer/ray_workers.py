@@ -150,7 +150,7 @@ class RayRolloutSource:
             await asyncio.to_thread(init_ray, options)
         server = None
         if config.engine.kind == "sglang":
-            urls = config.engine.url
+            urls = await engine.generation_url()  # the router, or the servers (launched ones start here)
         else:
             from envhub.trainer.engines.server import start_engine_server
 

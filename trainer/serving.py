@@ -1,6 +1,7 @@
 """How the trainer serves its policy: the engine a config asks for, and the learner's weights pushed into it after
 each step (in-process tensors for the embedded engine, a saved directory for an HTTP engine, a state dict written
-to /dev/shm and reloaded in place for vLLM on this machine)."""
+to /dev/shm and reloaded in place for vLLM on this machine, CUDA IPC tensors or an NCCL broadcast for SGLang with
+engine.weight_sync tensor / nccl)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
         )
     if cfg.kind == "vllm":
         return await _vllm_engine(config, model, tokenizer)
-    from envhub.trainer.engines.routing import http_engines
+    from envhub.trainer.engines.sglang_deploy import build_deployment
 
-    # several comma-separated URLs: sticky least-loaded routing over them
-    return http_engines(cfg.url, api_key=cfg.api_key or None, pause_mode=cfg.pause_mode)
+    # attached (engine.url, checked now) or launched (engine.launch) SGLang servers, maybe behind sglang-router
+    return await build_deployment(config, model, tokenizer)
 
 
 async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:
@@ -86,6 +87,8 @@ async def push_weights(
     state = await asyncio.to_thread(learner.engine_state)  # LoRA merged; gathered from every process under FSDP
     if config.engine.kind == "local" or (config.engine.kind == "vllm" and _on_this_machine(config.engine.url)):
         await engine.update_weights(state, version=version)  # vLLM: safetensors in /dev/shm, reloaded in place
+    elif config.engine.kind == "sglang" and config.engine.weight_sync != "disk":
+        await engine.update_weights(state, version=version)  # SGLang: CUDA IPC tensors or an NCCL broadcast
     else:
         path = out_dir / "weights" / f"v{version:06d}"
         await asyncio.to_thread(export_weights, learner.hf_model(), path, learner.precision.engine_dtype, state)

@@ -24,8 +24,8 @@ def weights_root(tmp_path_factory):
     return tmp_path_factory.mktemp("runs")
 
 
-@pytest.fixture(scope="module")
-def two_servers(weights_root):
+def _serve_two(weights_root):
+    """Two serve-engine servers of the tiny model (the trainer's initial policy), stopped after the yield."""
     ports = [free_port(), free_port()]
     procs = [
         subprocess.Popen(
@@ -54,6 +54,17 @@ def two_servers(weights_root):
     for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def two_servers(weights_root):
+    yield from _serve_two(weights_root)
+
+
+@pytest.fixture
+def fresh_servers(weights_root):
+    """Servers no earlier test has pushed weights to: a run's first step checks the engine serves its policy."""
+    yield from _serve_two(weights_root)
 
 
 async def wait_healthy(engine, procs):
@@ -115,3 +126,34 @@ def test_engine_urls_make_one_client_or_a_least_loaded_multi_engine():
     assert [e.url for e in multi.engines] == ["http://a:1", "http://b:2"]
     with pytest.raises(EngineError, match="no engine URL"):
         http_engines(" , ")
+
+
+@pytest.mark.slow
+async def test_training_broadcasts_weights_to_every_server_over_one_group(fresh_servers, weights_root):
+    """engine.weight_sync nccl (gloo here): one process group, the trainer rank 0 and each server at its rank
+    offset (1 and 2), formed at the first push; every push is one broadcast all servers receive."""
+    urls, procs = fresh_servers
+    probe = http_engines(urls)
+    await wait_healthy(probe, procs)
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "engine": {"kind": "sglang", "url": urls, "weight_sync": "nccl", "group_backend": "gloo", "bucket_mb": 0.1},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 2, "lr": 0.01, "mode": "sync"},
+            "budget": {"steps": 2, "checkpoint_every": 10},
+            "out_dir": str(weights_root / "nccl-run"),
+        }
+    )
+    result = await Trainer(config).run()
+    assert result.last_step == 2
+    assert [await e.get_weight_version() for e in probe.engines] == [2, 2]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    outputs = [(await e.generate([1, 2, 3], greedy)).output_ids for e in probe.engines]
+    from envhub.trainer.engines.local import LocalEngine
+
+    trained = LocalEngine.from_pretrained(str(result.checkpoint), device="cpu")
+    assert outputs == [(await trained.generate([1, 2, 3], greedy)).output_ids] * 2  # the trained weights, on both
+    await trained.close()
+    await probe.close()

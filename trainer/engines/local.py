@@ -359,9 +359,11 @@ class LocalEngine(InferenceEngine):
             self.version = self.version + 1 if version is None else int(version)
         self._wake.set()
 
-    async def flush_cache(self) -> bool:
-        """Drop the prefix cache when idle; False (nothing flushed) while requests run, as SGLang refuses then."""
-        if self.scheduler.busy:
+    async def flush_cache(self, ignore_waiting: bool = False) -> bool:
+        """Drop the prefix cache when idle; False (nothing flushed) while requests run, as SGLang refuses then.
+        `ignore_waiting`: queued requests hold no KV and do not count (SGLang ignores them while paused)."""
+        scheduler = self.scheduler
+        if scheduler.running or scheduler.prefilling or (scheduler.waiting and not ignore_waiting):
             return False
         self.prefix_cache.clear()
         return True

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
-from contextvars import ContextVar
 from typing import Any
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
+from envhub.trainer.engines.episodes import episode_key
 
-episode_key: ContextVar[str | None] = ContextVar("envhub_episode_key", default=None)
+__all__ = ["MultiEngine", "episode_key", "http_engines"]
 
 
 class MultiEngine(InferenceEngine):
@@ -59,6 +59,51 @@ class MultiEngine(InferenceEngine):
         version = self.version + 1 if version is None else version
         await asyncio.gather(*[e.update_weights(path_or_state, version=version, **kwargs) for e in self.engines])
         self.version = version
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        backend: str,
+        device: Any,
+        group_name: str = "weight_update_group",
+        timeout_s: float = 600.0,
+    ) -> Any:
+        """One process group over every server (each at its own rank offset) with the trainer as rank 0; returns
+        the trainer's weight_sync.WeightGroup."""
+        from envhub.trainer.engines.sglang_push import join_weight_group
+
+        return await join_weight_group(
+            self.engines, master_address, master_port, backend, device, group_name, timeout_s
+        )
+
+    async def update_weights_from_distributed(self, named: Any, group: Any, version: int | None = None) -> None:
+        """Every server receives while rank 0 broadcasts each bucket once."""
+        from envhub.trainer.engines import weight_sync
+        from envhub.trainer.engines.sglang_push import send_buckets
+
+        first = self.engines[0]
+        if any((e.bucket_bytes, e.flattened) != (first.bucket_bytes, first.flattened) for e in self.engines):
+            raise EngineError("servers of one weight group must use the same bucket size and flattening")
+        version = self.version + 1 if version is None else version
+        buckets = weight_sync.plan_buckets(named, first.bucket_bytes)
+        await asyncio.gather(
+            *[e.update_weights_from_distributed(named, group, version, broadcast=False) for e in self.engines],
+            asyncio.to_thread(send_buckets, group, buckets, first.flattened),
+        )
+        self.version = version
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        """Every server leaves the process group."""
+        await asyncio.gather(*[e.destroy_weights_update_group(group_name) for e in self.engines])
+
+    async def abort(self, rid: str | None = None) -> None:
+        """Abort `rid` (or everything) on every engine: only the one running it has it live."""
+        await asyncio.gather(*[e.abort(rid) for e in self.engines])
+
+    async def flush_cache(self) -> bool:
+        """Flush every engine's prefix cache; True when all did."""
+        return all(await asyncio.gather(*[e.flush_cache() for e in self.engines]))
 
     async def pause(self, **kwargs: Any) -> None:
         """Pause every engine."""

@@ -1,11 +1,12 @@
 """`envhub serve-engine`: a LocalEngine behind SGLang's native HTTP API, with SGLang's semantics.
 
 Native routes: POST|PUT /generate (SSE with `stream: true`), POST /update_weights_from_disk,
-/update_weights_from_tensor, /init_weights_update_group, /update_weights_from_distributed,
-/destroy_weights_update_group, /update_weight_version, /pause_generation, /continue_generation,
-/abort_request, GET|POST /flush_cache, GET /health, /health_generate, /model_info, /get_model_info.
-OpenAI-compatible routes live in `openai_api`; the API key, bind and weights-directory rules in
-`server_security`; the update/generation admission rules in `gate`.
+/begin_weight_update, /end_weight_update, /update_weights_from_tensor, /init_weights_update_group,
+/update_weights_from_distributed, /destroy_weights_update_group (those in `server_weights`),
+/update_weight_version, /pause_generation, /continue_generation, /abort_request, GET|POST /flush_cache,
+GET /health, /health_generate, /ready, /model_info, /get_model_info. OpenAI-compatible routes live in
+`openai_api`; the API key, bind and weights-directory rules in `server_security`; the update/generation
+admission rules in `gate`.
 """
 
 from __future__ import annotations
@@ -135,10 +136,12 @@ def call_rid(call: GenerateCall) -> str:
 
 
 async def update_weights_from_disk(request: web.Request) -> web.Response:
-    """POST /update_weights_from_disk {model_path, load_format, weight_version, abort_all_requests}."""
+    """POST /update_weights_from_disk {model_path, load_format, weight_version, abort_all_requests, flush_cache}."""
     state = request.app[STATE_KEY]
     body = await json_body(request)
     try:
+        if not isinstance(body.get("flush_cache", True), bool):
+            raise EngineError(f"flush_cache must be a boolean, got {body['flush_cache']!r}")
         path = state.weights.check(body.get("model_path"), body.get("load_format"))
         from envhub.trainer.engines.weights import read_state
 
@@ -146,11 +149,16 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
             tensors = await asyncio.to_thread(read_state, path)
             await state.engine.update_weights(tensors, version=state.engine.version)
 
-        reply = await state.update(load, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
+        reply = await state.update(
+            load,
+            body.get("weight_version"),
+            bool(body.get("abort_all_requests", False)),
+            body.get("flush_cache", True),
+        )
     except EngineError as exc:
         return web.json_response({"success": False, "message": str(exc), "num_paused_requests": 0}, status=400)
-    state.model_path = state.served_model_name = str(body["model_path"])
-    return web.json_response(reply)
+    state.model_path = state.served_model_name = str(body["model_path"])  # loaded, even if the flush was refused
+    return web.json_response(reply, status=200 if reply["success"] else 400)
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -215,8 +223,14 @@ async def flush_cache(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /health and /health_generate: 200 when the engine can serve, 503 otherwise."""
-    return web.Response(status=200 if await request.app[STATE_KEY].engine.health() else 503)
+    """GET /health and /health_generate: 200 once a 1-token generation gets through (SGLang's check, so it waits
+    out a pause); 503 when the engine cannot serve or nothing came within the timeout (then /ready is 503 too)."""
+    return web.Response(status=200 if await request.app[STATE_KEY].health_check() else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """GET /ready: 200 when healthy and not paused, else 503 (SGLang's readiness; no generation)."""
+    return web.Response(status=200 if await request.app[STATE_KEY].ready() else 503)
 
 
 async def model_info(request: web.Request) -> web.Response:
@@ -248,20 +262,27 @@ def create_app(
     model_path: str = "",
     *,
     api_key: str | None = None,
+    admin_api_key: str | None = None,
     weights_dirs: Iterable[str | Path] | None = None,
     weight_version: str = "default",
     served_model_name: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY,
+    health_check_timeout: float = 20.0,
     body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> web.Application:
-    """The aiohttp application serving `engine` (closed on shutdown)."""
-    from envhub.trainer.engines import openai_api, weight_sync
+    """The aiohttp application serving `engine` (closed on shutdown); `health_check_timeout` is SGLang's
+    SGLANG_HEALTH_CHECK_TIMEOUT (how long /health waits for a token)."""
+    from envhub.trainer.engines import openai_api, server_weights
 
-    middlewares = [api_key_middleware(api_key), body_deadline_middleware(body_timeout_s)]
+    middlewares = [api_key_middleware(api_key, admin_api_key), body_deadline_middleware(body_timeout_s)]
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     dirs = list(weights_dirs) if weights_dirs is not None else [default_weights_dir()]
     state = EngineServerState(
-        engine, model_path, WeightsPolicy.of(dirs), served_model_name=served_model_name or model_path or "default"
+        engine,
+        model_path,
+        WeightsPolicy.of(dirs),
+        served_model_name=served_model_name or model_path or "default",
+        health_check_timeout=health_check_timeout,
     )
     state.labels[engine.version] = weight_version
     app[STATE_KEY] = state
@@ -276,12 +297,13 @@ def create_app(
     }
     for path, handler in routes.items():
         app.router.add_post(path, _handles_errors(handler))
-    weight_sync.add_routes(app, _handles_errors)
+    server_weights.add_routes(app, _handles_errors)
     openai_api.add_routes(app)
     app.router.add_get("/flush_cache", flush_cache)
     app.router.add_post("/flush_cache", flush_cache)
     for path in ("/health", "/health_generate"):
         app.router.add_get(path, health)
+    app.router.add_get("/ready", ready)
     for path in ("/model_info", "/get_model_info"):
         app.router.add_get(path, model_info)
 

@@ -2,6 +2,8 @@
 
 - `--api-key KEY`: every route needs `Authorization: Bearer KEY` (compared in constant time) except
   `/health*`, `/ready*` and `/metrics*`, which SGLang leaves open for probes; otherwise 401.
+- `admin_api_key` (SGLang's `--admin-api-key`): the weight, pause, abort and flush routes need it and refuse
+  the plain API key; without it they take the API key like every other route.
 - A non-loopback `--host` without an API key refuses to start.
 - `/update_weights_from_disk` loads only safetensors under the directories the operator allows
   (`--allow-weights-dir`, repeatable; default: the server's own weights directory).
@@ -44,18 +46,22 @@ def bearer_matches(header: str | None, api_key: str) -> bool:
     return secrets.compare_digest(token.encode("utf-8", "surrogateescape"), api_key.encode("utf-8"))
 
 
-def api_key_middleware(api_key: str | None) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """aiohttp middleware answering 401 to requests without the key (probes and OPTIONS pass)."""
+def api_key_middleware(
+    api_key: str | None, admin_api_key: str | None = None
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """aiohttp middleware answering 401 to requests without the key their route needs (probes and OPTIONS pass)."""
+    from envhub.trainer.engines.sglang_protocol import ADMIN_ROUTES
 
     @web.middleware
     async def check(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
+        key = admin_api_key if admin_api_key and request.path in ADMIN_ROUTES else api_key
         if (
-            api_key
+            key
             and request.method != "OPTIONS"
             and not request.path.startswith(OPEN_PREFIXES)
-            and not bearer_matches(request.headers.get("Authorization"), api_key)
+            and not bearer_matches(request.headers.get("Authorization"), key)
         ):
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)

@@ -16,6 +16,26 @@ from envhub.errors import EngineError
 from envhub.inference import GenerateResult, SamplingParams
 
 _TOP_K_ALL = 1 << 30
+# Routes SGLang marks ADMIN_OPTIONAL (those envhub uses): with --admin-api-key they need that key and refuse
+# --api-key; without it, --api-key.
+ADMIN_ROUTES = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/update_weights_from_distributed",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/abort_request",
+        "/flush_cache",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+    }
+)
 # SGLang's sampling_params keys; those envhub does not implement are accepted only at their neutral value.
 _UNSUPPORTED_NEUTRAL: dict[str, Any] = {
     "stop_regex": None,

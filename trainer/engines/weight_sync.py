@@ -1,20 +1,27 @@
-"""Weights from the learner to a serving engine without a disk round trip, per SGLang's API.
+"""Weights from the learner to SGLang-protocol servers without a disk round trip, in SGLang 0.5.23's formats.
 
-- Tensor path (`POST /update_weights_from_tensor`, a colocated server): the tensors travel in the request.
-  SGLang expects `MultiprocessingSerializer` pickles (CUDA IPC handles on one machine); envhub serve-engine
-  accepts base64 safetensors instead, because unpickling a client's bytes would run its code.
-- Distributed path (`POST /init_weights_update_group` once, then `POST /update_weights_from_distributed`
-  per push): the trainer is rank 0 of a process group with every server and broadcasts each tensor
-  (NCCL on GPUs; gloo here, on CPU).
-- Disk (`/update_weights_from_disk`) stays the fallback for servers that cannot join either.
+- Tensor payloads (`/update_weights_from_tensor`): SGLang's `MultiprocessingSerializer` format, the base64 of a
+  `ForkingPickler` dump, **one entry per TP rank, each serialised separately** (rank r unpickles entry r; one
+  pickle per rank keeps CUDA IPC reference counts and one-shot fd handles right). CUDA tensors travel as CUDA IPC
+  handles that name their device by UUID (SGLang's patched reducer does the same), so a server that numbers its
+  GPUs differently still opens them; the sender must keep the tensors alive until the request returns. CPU
+  tensors travel as file descriptors, which only a process sharing our multiprocessing auth key can fetch: a real
+  server needs CUDA tensors. `flattened=True` packs a bucket into one uint8 tensor plus metadata (SGLang's
+  `flattened_bucket` load format: one IPC handle per bucket instead of one per tensor). envhub serve-engine takes
+  base64 safetensors instead, because unpickling a client's bytes would run its code.
+- Buckets: a state dict is cut into buckets of at most `bucket_bytes`, one request each.
+- Process group (`/init_weights_update_group`): built exactly as SGLang's `init_custom_process_group` builds it
+  (TCP rendezvous store, `PrefixStore(group_name)`, torch's group helper adding `group_name/` and device
+  prefixes), so the trainer's rank 0 and the servers' ranks find the same keys. Broadcasts go in list order.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
-from collections.abc import Callable, Mapping
+import io
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +30,73 @@ import torch.distributed as dist
 
 from envhub.errors import EngineError
 
-_DTYPES = {
-    str(t).removeprefix("torch."): t
-    for t in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32)
-}
+Named = list[tuple[str, torch.Tensor]]
+# Position of the device index among the arguments torch's CUDA tensor reducer returns (SGLang patches the same).
+_DEVICE_ARG = 6
+
+
+def plan_buckets(named: Mapping[str, torch.Tensor], bucket_bytes: int) -> list[Named]:
+    """Consecutive tensors grouped into buckets of at most `bucket_bytes` (a larger tensor goes alone); inside a
+    bucket wider dtypes come first, so every tensor of a flattened bucket starts at an aligned byte offset."""
+    if bucket_bytes <= 0:
+        raise EngineError(f"bucket size must be positive, got {bucket_bytes} bytes")
+    buckets: list[Named] = []
+    size = 0
+    for name, tensor in named.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if not buckets or (size + nbytes > bucket_bytes and buckets[-1]):
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, tensor))
+        size += nbytes
+    return [sorted(bucket, key=lambda item: -item[1].element_size()) for bucket in buckets]
+
+
+def flatten(bucket: Named) -> tuple[torch.Tensor, list[types.SimpleNamespace]]:
+    """One uint8 tensor holding every tensor of `bucket` back to back, and SGLang's per-tensor metadata."""
+    parts, metadata, offset = [], [], 0
+    for name, tensor in bucket:
+        raw = tensor.detach().contiguous().flatten().view(torch.uint8)
+        parts.append(raw)
+        # SimpleNamespace: SGLang reads these fields by attribute and its unpickler allows the type.
+        metadata.append(
+            types.SimpleNamespace(
+                name=name,
+                shape=tensor.shape,
+                dtype=tensor.dtype,
+                start_idx=offset,
+                end_idx=offset + raw.numel(),
+                numel=raw.numel(),
+            )
+        )
+        offset += raw.numel()
+    return torch.cat(parts), metadata
+
+
+def torch_dtype(name: Any) -> torch.dtype:
+    """`getattr(torch, name)` as SGLang resolves dtype strings, refusing anything that is not a dtype."""
+    value = getattr(torch, name, None) if isinstance(name, str) and name.isidentifier() else None
+    if not isinstance(value, torch.dtype):
+        raise EngineError(f"unknown dtype {name!r}", hint="use a torch dtype name such as bfloat16 or float32")
+    return value
+
+
+def unflatten(flat: torch.Tensor, names: Sequence[str], dtypes: Sequence[Any], shapes: Sequence[Any]) -> Named:
+    """The tensors of a flattened bucket, laid out as SGLang's `FlattenedTensorBucket.empty` lays them out."""
+    out, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        dtype = torch_dtype(dtype)
+        size = torch.Size(int(s) for s in shape)
+        if any(dim < 0 for dim in size):
+            raise EngineError(f"negative dimension in tensor {name}: {list(size)}")
+        if offset % dtype.itemsize:
+            raise EngineError(f"unaligned tensor {name}: byte offset {offset}, dtype {dtype}")
+        nbytes = size.numel() * dtype.itemsize
+        out.append((name, flat[offset : offset + nbytes].view(dtype).view(size)))
+        offset += nbytes
+    if offset != flat.numel():
+        raise EngineError(f"flattened bucket holds {flat.numel()} bytes, the metadata describes {offset}")
+    return out
 
 
 def encode_safetensors(named: Mapping[str, torch.Tensor]) -> str:
@@ -50,16 +120,71 @@ def decode_safetensors(payload: Any) -> dict[str, torch.Tensor]:
         ) from exc
 
 
-def encode_sglang(named: Mapping[str, torch.Tensor], tp_size: int = 1) -> list[str]:
-    """Tensors as SGLang's MultiprocessingSerializer payloads (ForkingPickler, base64), one per TP rank."""
-    import io
+def with_device_uuid(args: tuple, uuid_of: Callable[[int], str]) -> tuple:
+    """A CUDA tensor's reducer arguments with the device index replaced by that device's UUID."""
+    return (*args[:_DEVICE_ARG], uuid_of(args[_DEVICE_ARG]), *args[_DEVICE_ARG + 1 :])
+
+
+def _cuda_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def _dumps(obj: Any) -> bytes:
+    """`MultiprocessingSerializer.serialize(obj)`: a ForkingPickler dump, CUDA devices named by UUID."""
     from multiprocessing.reduction import ForkingPickler
 
-    import torch.multiprocessing  # noqa: F401  registers the tensor reductions (shared memory / CUDA IPC)
+    from torch.multiprocessing import reductions  # importing it registers the tensor reductions
+
+    class Pickler(ForkingPickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, torch.Tensor) and obj.is_cuda:
+                rebuild, args = reductions.reduce_tensor(obj)
+                return rebuild, with_device_uuid(args, _cuda_uuid)
+            return NotImplemented
 
     buffer = io.BytesIO()
-    ForkingPickler(buffer).dump(list(named.items()))
-    return [base64.b64encode(buffer.getvalue()).decode()] * tp_size
+    Pickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def encode_sglang(named: Mapping[str, torch.Tensor] | Named, tp_size: int = 1, *, flattened: bool = False) -> list[str]:
+    """One bucket as SGLang's `serialized_named_tensors`: `tp_size` base64 pickles, each serialised on its own;
+    the object is `[(name, tensor), ...]` (load_format null) or, flattened, `{flattened_tensor, metadata}`."""
+    items = list(named.items()) if isinstance(named, Mapping) else list(named)
+    if flattened:
+        flat, metadata = flatten(items)
+        obj: Any = {"flattened_tensor": flat, "metadata": metadata}
+    else:
+        obj = [(name, tensor.detach()) for name, tensor in items]
+    return [base64.b64encode(_dumps(obj)).decode() for _ in range(tp_size)]
+
+
+def custom_process_group(
+    master_address: str, master_port: int, rank: int, world_size: int, backend: str, group_name: str, timeout_s: float
+) -> Any:
+    """A process group made the way SGLang's `init_custom_process_group` makes it (rank 0 hosts the store)."""
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    if backend not in ("nccl", "gloo"):
+        raise EngineError(f"backend must be nccl or gloo, got {backend!r}")
+    if not group_name:
+        raise EngineError("group_name must not be empty")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    store, rank, world_size = next(rendezvous(f"tcp://{host}:{int(master_port)}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    group, _ = _new_process_group_helper(
+        world_size, rank, [], Backend(backend), store, group_name=group_name, backend_options=None, timeout=timeout
+    )
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
 
 
 @dataclass
@@ -70,6 +195,7 @@ class WeightGroup:
     rank: int
     world_size: int
     device: torch.device
+    name: str = "weight_update_group"
 
     @classmethod
     def join(
@@ -80,116 +206,65 @@ class WeightGroup:
         world_size: int,
         backend: str,
         device: torch.device,
-        timeout_s: float = 300.0,
+        group_name: str = "weight_update_group",
+        timeout_s: float = 600.0,
     ) -> WeightGroup:
-        """Connect to the TCP store at master (rank 0 hosts it) and form the group (blocks until all join)."""
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout)
-        if backend == "nccl":
-            group = dist.ProcessGroupNCCL(store, rank, world_size)
-        elif backend == "gloo":
-            options = dist.ProcessGroupGloo._Options()
-            options._timeout = timeout
-            options._devices = [dist.ProcessGroupGloo.create_default_device()]
-            group = dist.ProcessGroupGloo(store, rank, world_size, options)
-        else:
-            raise EngineError(f"backend must be nccl or gloo, got {backend!r}")
-        return cls(group, rank, world_size, device)
+        """Join (rank 0: host) the group; blocks until all `world_size` ranks have joined."""
+        if not 0 <= rank < world_size:
+            raise EngineError(f"rank {rank} is outside a group of {world_size}")
+        group = custom_process_group(master_address, master_port, rank, world_size, backend, group_name, timeout_s)
+        return cls(group, rank, world_size, device, group_name)
 
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Broadcast from rank 0 into `tensor` (in place on the receivers)."""
-        self.group.broadcast(tensor, 0).wait()
+        dist.broadcast(tensor, src=0, group=self.group)
         return tensor
 
+    def send(self, bucket: Named, flattened: bool) -> None:
+        """Rank 0: broadcast one bucket, as one flat tensor or tensor by tensor in list order."""
+        if flattened:
+            self.broadcast(flatten([(n, t.to(self.device)) for n, t in bucket])[0])
+            return
+        for _, tensor in bucket:
+            self.broadcast(tensor.detach().to(self.device).contiguous())
 
-def receive_named(
-    group: WeightGroup, names: list[str], dtypes: list[str], shapes: list[list[int]]
-) -> dict[str, torch.Tensor]:
-    """Receive the tensors rank 0 broadcasts, in order (`/update_weights_from_distributed` on the server)."""
-    if not (len(names) == len(dtypes) == len(shapes)):
+    def close(self) -> None:
+        """Leave the group (its name can be joined again)."""
+        dist.destroy_process_group(self.group)
+
+
+def tensor_sizes(names: Any, dtypes: Any, shapes: Any) -> list[tuple[torch.dtype, torch.Size]]:
+    """The (dtype, shape) of each tensor an update announces; EngineError for malformed metadata."""
+    if not all(isinstance(x, list) for x in (names, dtypes, shapes)) or not names:
+        raise EngineError("names, dtypes and shapes must be non-empty lists")
+    if not len(names) == len(dtypes) == len(shapes):
         raise EngineError("names, dtypes and shapes must have the same length")
-    out = {}
+    out = []
     for name, dtype, shape in zip(names, dtypes, shapes):
-        if dtype not in _DTYPES:
-            raise EngineError(f"unsupported dtype {dtype!r}", hint=f"use one of {sorted(_DTYPES)}")
-        out[name] = group.broadcast(torch.empty([int(s) for s in shape], dtype=_DTYPES[dtype], device=group.device))
+        if not isinstance(name, str) or not isinstance(shape, list):
+            raise EngineError(f"bad tensor metadata for {name!r}: names are strings, shapes lists of integers")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+            raise EngineError(f"shape of {name} must be non-negative integers, got {shape}")
+        out.append((torch_dtype(dtype), torch.Size(shape)))
     return out
 
 
-def add_routes(app: Any, handles_errors: Callable) -> None:
-    """Serve the tensor and distributed update routes on an envhub serve-engine app."""
-    from aiohttp import web
-
-    from envhub.trainer.engines.server_state import STATE_KEY, json_body
-
-    async def reply(state: Any, load: Callable, body: dict[str, Any]) -> web.Response:
-        try:
-            result = await state.update(load, body.get("weight_version"), bool(body.get("abort_all_requests", False)))
-        except EngineError as exc:
-            return web.json_response({"success": False, "message": str(exc)}, status=400)
-        return web.json_response({"success": True, "message": result["message"]})
-
-    async def update_from_tensor(request: web.Request) -> web.Response:
-        """POST /update_weights_from_tensor {serialized_named_tensors: [base64 safetensors], weight_version}."""
-        state = request.app[STATE_KEY]
-        body = await json_body(request)
-        payloads = body.get("serialized_named_tensors")
-        if not isinstance(payloads, list) or not payloads:
-            raise EngineError("serialized_named_tensors must be a non-empty list (one entry per TP rank)")
-        tensors = decode_safetensors(payloads[0])
-
-        async def load() -> None:
-            await state.engine.update_weights(tensors, version=state.engine.version)
-
-        return await reply(state, load, body)
-
-    async def init_group(request: web.Request) -> web.Response:
-        """POST /init_weights_update_group {master_address, master_port, rank_offset, world_size, group_name,
-        backend}."""
-        state = request.app[STATE_KEY]
-        body = await json_body(request)
-        try:
-            group = await asyncio.to_thread(
-                WeightGroup.join,
-                str(body["master_address"]),
-                int(body["master_port"]),
-                int(body["rank_offset"]),
-                int(body["world_size"]),
-                str(body.get("backend", "nccl")),
-                state.engine.model.device,
-            )
-        except KeyError as exc:
-            raise EngineError(f"init_weights_update_group needs {exc.args[0]}") from exc
-        except (RuntimeError, ValueError) as exc:
-            return web.json_response({"success": False, "message": f"cannot join the weight group: {exc}"}, status=400)
-        state.weight_groups[str(body.get("group_name", "weight_update_group"))] = group
-        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
-
-    async def update_from_distributed(request: web.Request) -> web.Response:
-        """POST /update_weights_from_distributed {names, dtypes, shapes, group_name, weight_version}."""
-        state = request.app[STATE_KEY]
-        body = await json_body(request)
-        group = state.weight_groups.get(str(body.get("group_name", "weight_update_group")))
-        if group is None:
-            raise EngineError("no weight update group: call /init_weights_update_group first")
-
-        async def load() -> None:
-            tensors = await asyncio.to_thread(
-                receive_named, group, body.get("names") or [], body.get("dtypes") or [], body.get("shapes") or []
-            )
-            await state.engine.update_weights(tensors, version=state.engine.version)
-
-        return await reply(state, load, body)
-
-    async def destroy_group(request: web.Request) -> web.Response:
-        """POST /destroy_weights_update_group {group_name}."""
-        state = request.app[STATE_KEY]
-        name = str((await json_body(request)).get("group_name", "weight_update_group"))
-        if state.weight_groups.pop(name, None) is None:
-            return web.json_response({"success": False, "message": f"no group {name}"}, status=400)
-        return web.json_response({"success": True, "message": "Succeeded to destroy custom process group."})
-
-    app.router.add_post("/update_weights_from_tensor", handles_errors(update_from_tensor))
-    app.router.add_post("/init_weights_update_group", handles_errors(init_group))
-    app.router.add_post("/update_weights_from_distributed", handles_errors(update_from_distributed))
-    app.router.add_post("/destroy_weights_update_group", handles_errors(destroy_group))
+def receive_named(
+    group: WeightGroup, names: list[str], dtypes: list[str], shapes: list[list[int]], load_format: str | None = None
+) -> Named:
+    """Receive one bucket rank 0 broadcasts (`/update_weights_from_distributed`), as SGLang's receiver does."""
+    sizes = tensor_sizes(names, dtypes, shapes)
+    if load_format == "flattened_bucket":
+        total = sum(size.numel() * dtype.itemsize for dtype, size in sizes)
+        flat = group.broadcast(torch.empty(total, dtype=torch.uint8, device=group.device))
+        return unflatten(flat, names, dtypes, shapes)
+    if load_format is not None:
+        raise EngineError(f"unknown load_format {load_format!r}", hint="use null or flattened_bucket")
+    out, handles = [], []
+    for name, (dtype, size) in zip(names, sizes):
+        tensor = torch.empty(size, dtype=dtype, device=group.device)
+        handles.append(dist.broadcast(tensor, src=0, group=group.group, async_op=True))  # all posted, then waited
+        out.append((name, tensor))
+    for handle in handles:
+        handle.wait()
+    return out

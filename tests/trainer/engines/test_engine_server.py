@@ -15,7 +15,7 @@ from envhub.errors import EngineError
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.server import start_engine_server
-from envhub.trainer.engines.sglang import SGLangEngine, launch_sglang_server, sglang_command
+from envhub.trainer.engines.sglang import SGLangEngine
 
 torch = pytest.importorskip("torch")
 
@@ -169,14 +169,6 @@ async def test_unreachable_server_is_a_clear_error():
     with pytest.raises(EngineError, match="checkpoint directory or a state dict"):
         await client.update_weights(42)
     await client.close()
-
-
-@pytest.mark.skipif(__import__("importlib").util.find_spec("sglang") is not None, reason="sglang is installed")
-async def test_launcher_without_sglang_fails_clearly():
-    with pytest.raises(EngineError, match=r"sglang is not installed: pip install 'envhub\[sglang\]'"):
-        await launch_sglang_server("/some/model", port=30999)
-    command = sglang_command("/m", "127.0.0.1", 1, mem_fraction_static=0.5, disable_radix_cache=True, log_level=None)
-    assert command[-3:] == ["--mem-fraction-static", "0.5", "--disable-radix-cache"]
 
 
 @pytest.mark.slow

@@ -106,6 +106,45 @@ async def test_ignore_eos_and_min_new_tokens_in_the_engine(tiny_model, tokenizer
     assert held.output_ids[0] != first and len(held.output_ids) >= 3
 
 
+async def test_malformed_weight_updates_are_refused_before_anything_is_received(served):
+    """A distributed update announcing tensors the model lacks, odd dtypes or shapes is a 400 before the server
+    allocates or joins a broadcast; admin-ish fields of the wrong type too."""
+    from envhub.trainer.engines.server_state import STATE_KEY
+
+    engine, server, allowed = served
+    state = server.runner.app[STATE_KEY]
+    state.weight_groups["weight_update_group"] = object()  # never reached: every body below is refused first
+    assert (await post(server.url, "/begin_weight_update", json={}))[0] == 200
+    norm = list(engine.model.model.norm.weight.shape)
+    for body, why in [
+        ({"names": ["model.norm.weight"], "dtypes": ["os"], "shapes": [norm]}, "unknown dtype"),
+        ({"names": ["model.norm.weight"], "dtypes": ["__class__"], "shapes": [norm]}, "unknown dtype"),
+        ({"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[-1]]}, "non-negative"),
+        ({"names": ["nope"], "dtypes": ["float32"], "shapes": [[4]]}, "no tensor 'nope'"),
+        ({"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[10**12]]}, "shape mismatch"),
+        ({"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [norm, norm]}, "same length"),
+        ({"names": "model.norm.weight", "dtypes": ["float32"], "shapes": [norm]}, "non-empty lists"),
+        ({"names": [], "dtypes": [], "shapes": []}, "non-empty lists"),
+    ]:
+        status, text = await post(server.url, "/update_weights_from_distributed", json=body)
+        assert status == 400 and why in text, (body, text)
+    for path, body, why in [
+        ("/update_weights_from_disk", {"model_path": str(allowed), "flush_cache": "no"}, "must be a boolean"),
+        ("/begin_weight_update", {"selector": "everything"}, "selector must be one of"),
+        ("/update_weights_from_tensor", {"serialized_named_tensors": ["AAAA"], "load_format": "direct"}, "null"),
+        (
+            "/init_weights_update_group",
+            {"master_address": "h", "master_port": 1, "group_name": "g"},
+            "needs rank_offset",
+        ),
+        ("/destroy_weights_update_group", {"group_name": ["x"]}, "does not exist"),
+    ]:
+        status, text = await post(server.url, path, json=body)
+        assert status == 400 and why in text, (path, text)
+    state.weight_groups.clear()
+    assert await engine.health()
+
+
 async def test_a_body_trickled_past_the_deadline_is_a_408_and_others_are_served(engine):
     server = await start_engine_server(engine, body_timeout_s=1.0)
     host, port = server.url.removeprefix("http://").split(":")

@@ -2,19 +2,16 @@
 
 SGLang's pure-Python package (installed with --no-deps in the dev extra) holds the schema of /generate
 (`sglang.api.v1.api_types`), its sampling checks (`sglang.srt.sampling.sampling_params`) and its OpenAI
-models (`sglang.srt.entrypoints.openai.protocol`). Its top-level `__init__` imports the GPU runtime, so the
-package is mounted without running it. With ENVHUB_SGLANG_URL set, the same tests run against that server.
+models (`sglang.srt.entrypoints.openai.protocol`); `tests/sglang_support.py` mounts it without its GPU runtime
+(and loads the control-route structs of `io_struct.py`, its unpickler and its process-group code verbatim).
+With ENVHUB_SGLANG_URL set, the tests that need no serve-engine internals run against that server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import json
 import os
-import sys
-import types
 
 import aiohttp
 import pytest
@@ -22,20 +19,9 @@ import pytest
 from envhub.inference import SamplingParams
 from envhub.trainer.engines.server import start_engine_server
 from envhub.trainer.engines.sglang import SGLangEngine
+from tests.sglang_support import sglang_module
 
 REMOTE = os.environ.get("ENVHUB_SGLANG_URL")
-
-
-def sglang_module(name: str):
-    """Import one of SGLang's pure-Python modules without running `sglang/__init__` (which needs a GPU stack)."""
-    if "sglang" not in sys.modules:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None:
-            pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23)")
-        package = types.ModuleType("sglang")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["sglang"] = package
-    return importlib.import_module(name)
 
 
 @pytest.fixture
@@ -168,26 +154,25 @@ async def test_update_without_weight_version_keeps_the_string(url, tokenizer, tm
     assert status == 400
 
 
-async def test_abort_matches_rid_prefixes_as_sglang(url, engine):
+async def test_abort_reaches_live_rids_by_prefix_as_sglang(url, engine):
+    """SGLang's tokenizer manager drops an abort whose exact rid is not live; its scheduler matches by prefix."""
     if REMOTE:
         pytest.skip("needs the server's state")
     sampling = {"max_new_tokens": 400, "temperature": 0}
     tasks = {
         rid: asyncio.create_task(post(url, "/generate", {"input_ids": [3, 4], "sampling_params": sampling, "rid": rid}))
-        for rid in ("job-1", "job-10", "job-1/r1", "job-2")
+        for rid in ("job-1", "job-10", "job-1/r1", "job-2", "job-3/r1")
     }
-    while engine.num_running < 4:
+    while engine.num_running < 5:
         await asyncio.sleep(0.01)
     assert (await post(url, "/abort_request", {"rid": "job-1"}))[0] == 200
-    done = {rid: (await asyncio.wait_for(t, 60))[1] for rid, t in tasks.items() if rid != "job-2"}
-    assert {rid: r["meta_info"]["finish_reason"]["type"] for rid, r in done.items()} == {
-        "job-1": "abort",
-        "job-10": "abort",
-        "job-1/r1": "abort",
-    }
-    assert not tasks["job-2"].done()
+    assert (await post(url, "/abort_request", {"rid": "job-3"}))[0] == 200  # not live: dropped
+    done = {rid: (await asyncio.wait_for(tasks[rid], 60))[1] for rid in ("job-1", "job-10", "job-1/r1")}
+    assert {rid: r["meta_info"]["finish_reason"]["type"] for rid, r in done.items()} == dict.fromkeys(done, "abort")
+    assert not tasks["job-2"].done() and not tasks["job-3/r1"].done()
     await post(url, "/abort_request", {"abort_all": True})
-    assert (await tasks["job-2"])[1]["meta_info"]["finish_reason"]["type"] == "abort"
+    for rid in ("job-2", "job-3/r1"):
+        assert (await tasks[rid])[1]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 async def test_openai_client_chat_with_tools_completions_and_models(url):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
@@ -21,6 +20,14 @@ async def served(engine, tmp_path):
     server = await start_engine_server(engine, weights_dirs=[tmp_path])
     yield engine, server
     await server.stop()
+
+
+async def _post(url, path, body):
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url + path, json=body) as response:
+            return response.status, await response.json()
 
 
 async def _running(engine, tokens=5):
@@ -72,17 +79,84 @@ async def test_paused_update_keeps_requests_running_and_versions_per_token(serve
     await client.close()
 
 
-async def test_state_dict_goes_over_update_weights_from_tensor(served, tokenizer):
+async def test_state_dict_goes_over_update_weights_from_tensor_in_buckets(served, tokenizer):
     from envhub.trainer.models import tiny_llama
 
     engine, server = served
-    client = SGLangEngine(server.url)
+    client = SGLangEngine(server.url, tensor_format="safetensors", bucket_bytes=200_000)
     before = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=8, temperature=0))
     new = {n: p.detach() for n, p in tiny_llama(tokenizer, seed=9).named_parameters()}
+    state = server.runner.app[STATE_KEY]
+    labels_before = len(state.labels)
     await client.update_weights(new, version=2)
     after = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=8, temperature=0))
     assert after.output_ids != before.output_ids and set(after.token_versions) == {2}
-    assert torch.equal(dict(engine.model.named_parameters())["lm_head.weight"], new["lm_head.weight"])
+    served_params = dict(engine.model.named_parameters())
+    assert all(torch.equal(served_params[n], t) for n, t in new.items())  # every bucket arrived
+    assert len(state.labels) - labels_before >= 3  # several buckets (one engine update each) ...
+    assert list(state.labels.values())[-2] == "default"  # ... and only the last named the version
+    assert state.session is None  # the client closed its weight-update session
+    await client.close()
+
+
+async def test_tensor_and_distributed_updates_need_a_session_as_in_sglang(served):
+    from envhub.trainer.engines.weight_sync import encode_safetensors
+
+    _, server = served
+    body = {"serialized_named_tensors": [encode_safetensors({"model.norm.weight": torch.ones(64)})]}
+    status, reply = await _post(server.url, "/update_weights_from_tensor", body)
+    assert status == 400 and reply == {
+        "success": False,
+        "message": "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",
+    }
+    assert (await _post(server.url, "/begin_weight_update", {}))[0] == 200
+    status, reply = await _post(server.url, "/begin_weight_update", {})
+    assert status == 400 and "already open" in reply["message"]
+    status, reply = await _post(server.url, "/update_weights_from_tensor", body)
+    assert status == 200 and reply["success"]
+    # a push finds the session an interrupted push left open, closes it and runs its own
+    client = SGLangEngine(server.url, tensor_format="safetensors")
+    await client.update_weights({"model.norm.weight": torch.full((64,), 2.0)}, version=3)
+    assert server.runner.app[STATE_KEY].session is None
+    status, reply = await _post(server.url, "/end_weight_update", {})
+    assert status == 400 and "no weight-update session" in reply["message"]
+    await client.close()
+
+
+async def test_in_place_pause_needs_flush_cache_false(served, tokenizer, tmp_path):
+    """SGLang refuses to flush the cache while an in_place pause keeps its batch: an update asking for the flush
+    loads the weights and still answers 400; the client sends flush_cache false in in_place mode."""
+    from envhub.trainer.models import tiny_llama
+
+    engine, server = served
+    tiny_llama(tokenizer, seed=3).save_pretrained(tmp_path / "v1")
+    client = SGLangEngine(server.url, pause_mode="in_place")
+    task = asyncio.create_task(client.generate([1, 2, 3], LONG))
+    await _running(engine)
+    await client.pause("in_place")
+    status, reply = await _post(server.url, "/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
+    assert status == 400 and not reply["success"] and "cache was not flushed" in reply["message"]
+    assert torch.equal(engine.model.model.norm.weight, tiny_llama(tokenizer, seed=3).model.norm.weight)  # loaded
+    await client.resume()
+    await client.update_weights(str(tmp_path / "v1"), version=4)  # in_place: flush_cache false, succeeds
+    result = await task
+    assert result.meta["resubmits"] == 0 and 4 in result.token_versions
+    await client.close()
+
+
+async def test_retract_pause_flushes_with_requests_waiting(served, tokenizer, tmp_path):
+    from envhub.trainer.models import tiny_llama
+
+    engine, server = served
+    tiny_llama(tokenizer, seed=3).save_pretrained(tmp_path / "v1")
+    client = SGLangEngine(server.url, pause_mode="retract")
+    task = asyncio.create_task(client.generate([1, 2, 3], LONG))
+    await _running(engine)
+    await client.pause("retract")  # retracted requests wait; SGLang ignores waiting requests while paused
+    status, reply = await _post(server.url, "/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
+    assert status == 200 and reply["success"]
+    await client.resume()
+    assert len((await task).output_ids) == 150
     await client.close()
 
 
@@ -98,24 +172,30 @@ async def test_pickled_tensors_are_refused(served):
             assert response.status == 400 and "never unpickles" in (await response.json())["error"]["message"]
 
 
-async def test_distributed_group_broadcasts_weights_over_gloo(served, tokenizer):
-    from envhub.trainer.engines.weight_sync import WeightGroup
-    from envhub.trainer.models import tiny_llama
+def test_buckets_keep_every_tensor_and_flatten_aligned():
+    from envhub.errors import EngineError
+    from envhub.trainer.engines.weight_sync import flatten, plan_buckets, unflatten
 
-    engine, server = served
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    client = SGLangEngine(server.url)
-    trainer_side = asyncio.to_thread(WeightGroup.join, "127.0.0.1", port, 0, 2, "gloo", torch.device("cpu"))
-    group, _ = await asyncio.gather(
-        trainer_side, client.init_weights_update_group("127.0.0.1", port, 1, 2, backend="gloo")
-    )
-    new = {n: p.detach() for n, p in tiny_llama(tokenizer, seed=4).named_parameters()}
-    await client.update_weights_from_distributed(new, group, version=3)
-    assert torch.equal(dict(engine.model.named_parameters())["model.norm.weight"], new["model.norm.weight"])
-    assert (await client.model_info())["weight_version"] == "3"
-    await client.close()
+    named = {
+        "a": torch.arange(3, dtype=torch.bfloat16),
+        "b": torch.arange(5, dtype=torch.float32).reshape(5, 1),
+        "c": torch.arange(7, dtype=torch.int64),
+        "big": torch.zeros(100),
+        "d": torch.ones(2, 2, dtype=torch.float16),
+    }
+    buckets = plan_buckets(named, 100)
+    assert [sorted(n for n, _ in b) for b in buckets] == [["a", "b", "c"], ["big"], ["d"]]
+    for bucket in buckets:
+        flat, meta = flatten(bucket)
+        back = unflatten(flat, [m.name for m in meta], [str(m.dtype)[6:] for m in meta], [list(m.shape) for m in meta])
+        assert all(torch.equal(named[n], t) and t.dtype == named[n].dtype for n, t in back)
+        assert all(m.start_idx % m.dtype.itemsize == 0 for m in meta)  # wider dtypes first
+    with pytest.raises(EngineError, match="unaligned"):
+        unflatten(torch.zeros(6, dtype=torch.uint8), ["x", "y"], ["bfloat16", "float32"], [[1], [1]])
+    with pytest.raises(EngineError, match="unknown dtype"):
+        unflatten(torch.zeros(4, dtype=torch.uint8), ["x"], ["os"], [[1]])
+    with pytest.raises(EngineError, match="metadata describes"):
+        unflatten(torch.zeros(8, dtype=torch.uint8), ["x"], ["float32"], [[1]])
 
 
 async def test_turns_of_one_episode_stick_to_one_engine(tiny_model, tokenizer):
