@@ -36,6 +36,10 @@ def tiny_server(tmp_path):
             str(port),
             "--device",
             "cpu",
+            # the learner's dtype (fp32, below): "auto" serves bf16 on CPUs with bf16 units (AMX), whose logprobs
+            # differ from an fp32 forward by 0.013 per token on average (k3 KL 1.3e-4), so ratios would not start at 1
+            "--dtype",
+            "float32",
             "--allow-weights-dir",
             str(tmp_path),
         ],
@@ -64,7 +68,7 @@ async def test_training_pushes_weights_to_an_http_engine(tiny_server, tmp_path):
         await asyncio.sleep(0.2)
     config = config_from_dict(
         {
-            "model": {"name": "tiny"},
+            "model": {"name": "tiny", "device": "cpu", "dtype": "float32"},
             "engine": {"kind": "sglang", "url": url},
             "tasks": [{"env": "Letters-v0"}],
             "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
@@ -75,8 +79,10 @@ async def test_training_pushes_weights_to_an_http_engine(tiny_server, tmp_path):
     )
     result = await Trainer(config).run()
     assert result.last_step == 2
-    # the first step's trajectories were sampled by the untouched server model: ratios start at exactly 1
-    assert abs(result.history[0]["learner"]["kl_behavior"]) < 1e-4
+    # the first step's trajectories were sampled by the untouched server model: ratios start at exactly 1. Measured
+    # (tiny, CPU, 512 tokens): fp32 server vs fp32 forward max |dlogprob| 3.3e-6, kl_behavior 0.0 in 3 runs; a bf16
+    # server gives 1.3e-4, so 1e-6 leaves fp32 op-order noise room and still catches a dtype mismatch
+    assert abs(result.history[0]["learner"]["kl_behavior"]) < 1e-6
     assert await client.get_weight_version() == 2
     assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v000002"]
     await client.close()
