@@ -36,8 +36,12 @@ class EngineDown(EngineError):
 
 
 def engine_name(engine: Any) -> str:
-    """The engine's URL(s), or its class name for an in-process engine."""
-    urls = [getattr(e, "url", None) for e in getattr(engine, "engines", [engine])]
+    """The engine's URL(s), or its class name for an in-process engine. Looks through an SGLang deployment (its
+    router, else its workers) and a routing group (its engines)."""
+    if (router := getattr(engine, "router", None)) is not None:
+        return engine_name(router)
+    inner = getattr(engine, "workers", None) or engine  # a deployment's workers are a routing group
+    urls = [getattr(e, "url", None) for e in getattr(inner, "engines", [inner])]
     return ", ".join(u for u in urls if u) or type(engine).__name__
 
 
