@@ -189,7 +189,7 @@ class Trainer:
             batch = await self._next_batch(run, producing)
             if batch is None:
                 break
-            await self._train_step(run, batch)
+            await self._train_step(run, batch, producing)
             run.interrupted = self._stop.is_set()
         if run.interrupted:
             self.stop_reason = "interrupted"
@@ -364,13 +364,18 @@ class Trainer:
         }
 
     # -- train step ---------------------------------------------------------------------------------------------
-    async def _train_step(self, run: _Run, groups: list[Group]) -> None:
+    async def _train_step(self, run: _Run, groups: list[Group], producing: asyncio.Task[None]) -> None:
         """One learner step on `groups`, the new weights to the engine, metrics, and a checkpoint when due."""
         assert self.engine is not None
         lags = [run.queue.lag(g) for g in groups]
         step_started = time.monotonic()
         stats = await asyncio.to_thread(run.learner.step, groups, run.queue.version)
         run.step += 1
+        if run.step >= self.config.budget.steps:
+            # the last step: stop starting groups before its version admits more, or a whole batch that no step
+            # will train plays during the final checkpoint (and lands in the record as unfinished)
+            producing.cancel()
+            await asyncio.gather(producing, return_exceptions=True)
         run.producer.step = run.step
         for g in groups:
             run.recorder.group(g[0].group_id, g[0].task, "trained", run.step)
