@@ -37,9 +37,17 @@ class EngineDown(EngineError):
 
 
 def engine_name(engine: Any) -> str:
-    """The engine's URL(s), or its class name for an in-process engine."""
-    urls = [getattr(e, "url", None) for e in getattr(engine, "engines", [engine])]
-    return ", ".join(u for u in urls if u) or type(engine).__name__
+    """The engine's URL(s), those of the servers inside a MultiEngine or an SGLangDeployment (its router, then its
+    workers), or its class name for an in-process engine."""
+    return ", ".join(_urls(engine)) or type(engine).__name__
+
+
+def _urls(engine: Any) -> list[str]:
+    url = getattr(engine, "url", None)
+    if isinstance(url, str):
+        return [url]
+    parts = getattr(engine, "engines", None) or [getattr(engine, "router", None), getattr(engine, "workers", None)]
+    return [u for part in parts if part is not None for u in _urls(part)]
 
 
 class WatchedEngine(InferenceEngine):
