@@ -27,7 +27,9 @@ async def _serve(tokenizer, port=0):
 async def test_an_outage_is_waited_out_and_the_restarted_server_gets_the_latest_weights(tokenizer):
     server = await _serve(tokenizer)
     port = int(server.url.rsplit(":", 1)[1])
-    engine = WatchedEngine(SGLangEngine(server.url, retries=0), max_outage_s=120, probe_interval_s=0.2)
+    engine = WatchedEngine(
+        SGLangEngine(server.url, retries=0, tensor_format="safetensors"), max_outage_s=120, probe_interval_s=0.2
+    )
     prompt = tokenizer("hello there")["input_ids"]
     try:
         trained = {k: v + 0.01 for k, v in tiny_llama(tokenizer, seed=0).state_dict().items()}
