@@ -45,3 +45,8 @@ class SandboxError(EnvhubError):
 
 class EngineError(EnvhubError):
     """An inference engine that cannot be started or reached."""
+
+
+class EngineUnreachable(EngineError):
+    """An inference engine that did not answer at all (connection refused or dropped, a timeout): an outage,
+    never the request's own fault, even when the engine answers again by the time anyone looks."""

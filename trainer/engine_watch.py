@@ -2,8 +2,9 @@
 
 It wraps any `InferenceEngine` (the SGLang client, which also drives `envhub serve-engine`, the vLLM client,
 a `MultiEngine` over several servers) and uses nothing but the contract: `generate`, `update_weights`, `health`.
-- A call that fails while the engine is unhealthy starts (or joins) one recovery: `health()` is polled with
-  exponential backoff; requests wait meanwhile instead of hammering a dead server.
+- A call that fails while the engine is unhealthy, or that could not reach it at all (`EngineUnreachable`: a
+  server restarted meanwhile answers again, with its initial weights), starts (or joins) one recovery: `health()`
+  is polled with exponential backoff; requests wait meanwhile instead of hammering a dead server.
 - When the engine answers again, the latest weights pushed through this wrapper are pushed again (a restarted
   server comes back with its initial weights) before anything else runs; then the waiting requests are
   resubmitted from their prompt (an episode keeps every turn it had finished) and counted (`resubmitted`).
@@ -22,7 +23,7 @@ import asyncio
 import time
 from typing import Any
 
-from envhub.errors import EngineError
+from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
 
 PROBE_INTERVAL_S = 2.0  # background health probe period
@@ -36,13 +37,17 @@ class EngineDown(EngineError):
 
 
 def engine_name(engine: Any) -> str:
-    """The engine's URL(s), or its class name for an in-process engine. Looks through an SGLang deployment (its
-    router, else its workers) and a routing group (its engines)."""
-    if (router := getattr(engine, "router", None)) is not None:
-        return engine_name(router)
-    inner = getattr(engine, "workers", None) or engine  # a deployment's workers are a routing group
-    urls = [getattr(e, "url", None) for e in getattr(inner, "engines", [inner])]
-    return ", ".join(u for u in urls if u) or type(engine).__name__
+    """The engine's URL(s), those of the servers inside a MultiEngine or an SGLangDeployment (its router, then its
+    workers), or its class name for an in-process engine."""
+    return ", ".join(_urls(engine)) or type(engine).__name__
+
+
+def _urls(engine: Any) -> list[str]:
+    url = getattr(engine, "url", None)
+    if isinstance(url, str):
+        return [url]
+    parts = getattr(engine, "engines", None) or [getattr(engine, "router", None), getattr(engine, "workers", None)]
+    return [u for part in parts if part is not None for u in _urls(part)]
 
 
 class WatchedEngine(InferenceEngine):
@@ -77,8 +82,8 @@ class WatchedEngine(InferenceEngine):
                 result = await self._unless_down(self.inner.generate(input_ids, sampling, **kwargs))
             except EngineDown:
                 raise
-            except Exception:
-                if not await self._outage():
+            except Exception as exc:
+                if not await self._outage(unreachable=isinstance(exc, EngineUnreachable)):
                     raise
                 self.resubmitted += 1
                 continue
@@ -93,8 +98,8 @@ class WatchedEngine(InferenceEngine):
             await self._unless_down(self._push((path_or_state, version, kwargs)))
         except EngineDown:
             raise
-        except Exception:
-            if not await self._outage():
+        except Exception as exc:
+            if not await self._outage(unreachable=isinstance(exc, EngineUnreachable)):
                 raise
 
     async def pause(self, **kwargs: Any) -> None:
@@ -164,12 +169,14 @@ class WatchedEngine(InferenceEngine):
             assert self._recovery is not None
             await asyncio.shield(self._recovery)
 
-    async def _outage(self) -> bool:
+    async def _outage(self, unreachable: bool = False) -> bool:
         """After a failed call: False when the engine is healthy (the failure was the call's own); True once the
-        outage is over (waiting for it, or joining the recovery already running); EngineDown when it lasts."""
+        outage is over (waiting for it, or joining the recovery already running); EngineDown when it lasts.
+        A call that never reached the engine (`unreachable`) met an outage even when the engine is healthy now:
+        it may have been restarted meanwhile, so the recovery runs and gives it the latest weights again."""
         self.raise_if_failed()
         if not self._recovering():
-            if await self._healthy():
+            if not unreachable and await self._healthy():
                 return False
             if not self._recovering():  # another call may have started one while this one probed
                 self._start_recovery()

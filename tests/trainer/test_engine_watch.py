@@ -1,12 +1,13 @@
 """`WatchedEngine` against a real engine server (a LocalEngine behind SGLang's HTTP API on 127.0.0.1) that goes
 away: requests wait and are resubmitted, a restarted server gets the latest weights back, an outage past the
-bound is EngineDown naming the URL, and a request's own error is raised as it is."""
+bound is EngineDown naming the URL, a request's own error is raised as it is, and one that never reached the server is
+EngineUnreachable."""
 
 import asyncio
 
 import pytest
 
-from envhub.errors import EngineError
+from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import SamplingParams
 from envhub.trainer.engine_watch import EngineDown, WatchedEngine
 
@@ -26,7 +27,9 @@ async def _serve(tokenizer, port=0):
 async def test_an_outage_is_waited_out_and_the_restarted_server_gets_the_latest_weights(tokenizer):
     server = await _serve(tokenizer)
     port = int(server.url.rsplit(":", 1)[1])
-    engine = WatchedEngine(SGLangEngine(server.url, retries=0), max_outage_s=120, probe_interval_s=0.2)
+    engine = WatchedEngine(
+        SGLangEngine(server.url, retries=0, tensor_format="safetensors"), max_outage_s=120, probe_interval_s=0.2
+    )
     prompt = tokenizer("hello there")["input_ids"]
     try:
         trained = {k: v + 0.01 for k, v in tiny_llama(tokenizer, seed=0).state_dict().items()}
@@ -54,8 +57,12 @@ async def test_an_outage_past_the_bound_is_engine_down_naming_the_url_and_own_er
     try:
         with pytest.raises(EngineError, match="generate") as refused:  # a request the healthy server refuses
             await engine.generate([10**9], SAMPLING)
-        assert not isinstance(refused.value, EngineDown) and engine.outages == 0
+        assert not isinstance(refused.value, (EngineDown, EngineUnreachable)) and engine.outages == 0
         await server.stop()
+        # a call that never reached the server is an outage even if the server answers again by the time anyone
+        # checks (restarted, with its initial weights): the client says so by the error's type
+        with pytest.raises(EngineUnreachable, match="cannot reach"):
+            await engine.inner.generate([1, 2, 3], SAMPLING)
         with pytest.raises(EngineDown, match=f"{server.url} stopped answering and was not back within 1 s"):
             await engine.generate([1, 2, 3], SAMPLING)
         with pytest.raises(EngineDown):  # every later call, and the trainer's check, fail at once

@@ -77,27 +77,40 @@ def _train(config: Path, resume: bool) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _kill_after_some_steps(proc: subprocess.Popen, metrics: Path, rng: random.Random) -> None:
-    """SIGKILL once 1-3 more steps were logged, plus a random fraction of a step (mid-step, mid-checkpoint...)."""
-    target = len(_lines(metrics)) + rng.randint(1, 3)
-    deadline = time.monotonic() + 300
-    while len(_lines(metrics)) < target:
-        assert proc.poll() is None, f"the run ended before it was killed: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.05)
-    time.sleep(rng.uniform(0.0, 1.5))
+def _kill_at_a_random_point(proc: subprocess.Popen, run_dir: Path, steps: int, rng: random.Random) -> None:
+    """SIGKILL the run at a point its progress defines, never its speed: once it logged step k (1-3 steps past
+    where it resumed and past the rows a killed run left, which the resume rewinds), then after 0-8 more episode
+    records (mid-rollout, mid-step, mid-checkpoint...) or at its next step, whichever comes first. k stays two
+    steps short of the end, so the run is always caught alive, on a fast machine as on a slow one."""
+    metrics, episodes = run_dir / "metrics.jsonl", run_dir / "episodes.jsonl"
+    saved = latest_checkpoint(run_dir) if run_dir.exists() else None
+    k = max(saved.step if saved else 0, len(_lines(metrics))) + rng.randint(1, 3)
+    assert k <= steps - 2, "the test gives the run too few steps for its kills"
+    more, deadline = rng.randint(0, 8), time.monotonic() + 300
+
+    def wait_until(reached) -> None:
+        while not reached():
+            assert proc.poll() is None, f"the run ended before it was killed: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.02)
+
+    wait_until(lambda: len(_lines(metrics)) >= k)
+    logged = len(_lines(episodes))
+    wait_until(lambda: len(_lines(episodes)) >= logged + more or len(_lines(metrics)) > k)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL  # killed, not finished: at least one more step was left to take
 
 
 @pytest.mark.slow
 def test_runs_killed_at_random_points_resume_with_each_step_recorded_once(tmp_path):
-    steps, seed = 9, int(os.environ.get("ENVHUB_KILL_SEED", "7"))
+    # 13 steps: each kill lands at most 3 steps past the previous one's next step (3, 7, 11), two short of the end
+    steps, seed = 13, int(os.environ.get("ENVHUB_KILL_SEED", "7"))
     rng = random.Random(seed)
     config, run_dir = _config(tmp_path, steps), tmp_path / "run"
     for kill in range(3):
-        _kill_after_some_steps(_train(config, resume=kill > 0), run_dir / "metrics.jsonl", rng)
+        _kill_at_a_random_point(_train(config, resume=kill > 0), run_dir, steps, rng)
     last = _train(config, resume=True)
     _, err = last.communicate(timeout=600)
     assert last.returncode == 0, err

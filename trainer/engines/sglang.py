@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from envhub.errors import EngineError
+from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.episodes import ROUTING_HEADER, episode_key
 from envhub.trainer.engines.sglang_protocol import ADMIN_ROUTES
@@ -142,7 +142,8 @@ class SGLangEngine(InferenceEngine):
                     return response.status, payload
             except _RETRYABLE as exc:
                 last = exc
-        raise EngineError(
+        # a server that answered (5xx) failed the request; one that never answered is an outage
+        raise (EngineError if isinstance(last, EngineError) else EngineUnreachable)(
             f"cannot reach the inference server at {self.url}{path}: {type(last).__name__}: {last}",
             hint="is it running? start one with `envhub serve-engine`, or let the trainer launch SGLang",
         )

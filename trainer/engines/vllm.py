@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from envhub.errors import EngineError
+from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.launcher import ManagedServer, free_port, module_command
 from envhub.trainer.engines.sglang import span_versions
@@ -226,7 +226,7 @@ class VLLMEngine(InferenceEngine):
                 continue
             return response.status, payload
         self.raise_if_failed()
-        raise EngineError(
+        raise (EngineUnreachable if isinstance(last, _CONNECTION_ERRORS) else EngineError)(
             f"vLLM at {self.url}{path} failed: {last}",
             hint="see the server's log; an attached server must run with VLLM_SERVER_DEV_MODE=1 --enable-scale-out",
         )
