@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import sys
 
@@ -24,6 +25,7 @@ from envhub.trainer.config import RolloutConfig
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.vllm import VLLMEngine
 from envhub.trainer.engines.vllm_command import HERMES_TEMPLATE, TINY_HEADS
+from envhub.trainer.engines.vllm_weights import write_safetensors
 from envhub.trainer.models import tiny_llama
 from envhub.trainer.rollout import RolloutWorker
 from tests.vllm_support import serve_engine_vllm
@@ -105,19 +107,26 @@ async def test_finish_reasons_and_seeds(vllm, tokenizer):
     assert again[0].output_ids == again[1].output_ids == again[2].output_ids
 
 
-async def generated_tokens(url: str) -> float:
-    """The server's count of generated tokens so far (vLLM's Prometheus counter)."""
+async def server_metric(url: str, name: str) -> float:
+    """One of vLLM's Prometheus metrics, summed over its label sets."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as response:
         text = await response.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-async def until_generating(url: str, before: float, at_least: int = 8) -> None:
-    """Wait until the server has generated `at_least` tokens since `before`: a push then lands mid-generation,
-    however fast the machine (a fixed sleep let LONG tokens finish first on a quiet one)."""
-    while await generated_tokens(url) < before + at_least:
+async def generated_tokens(url: str) -> float:
+    """The server's count of generated tokens so far."""
+    return await server_metric(url, "vllm:generation_tokens_total")
+
+
+async def until_generating(url: str, before: float, at_least: int = 8, requests: int = 1) -> None:
+    """Wait until `requests` requests are running on the server and it has generated `at_least` tokens since
+    `before`: a push then lands mid-generation, however fast the machine (a fixed sleep let LONG tokens finish first
+    on a quiet one)."""
+    while (
+        await server_metric(url, "vllm:num_requests_running") < requests
+        or await generated_tokens(url) < before + at_least
+    ):
         await asyncio.sleep(0.01)
 
 
@@ -138,13 +147,16 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
     vllm, served_model, tokenizer, recomputed_logprobs
 ):
     other = tiny_llama(tokenizer, seed=5, num_heads=TINY_HEADS)
+    # written before generation starts: writing a state dict competes for the cores vLLM's workers spin on and took
+    # 0.5-7.7 s here, long enough for LONG tokens to finish first; the push is then pause -> reload -> resume
+    weights = write_safetensors(other.state_dict())
     prompt = chat_prompt(tokenizer, "Hello there")
     sampling = SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True)
     old = await current_version(vllm)
     before = await generated_tokens(vllm.url)
     running = [asyncio.create_task(vllm.generate(prompt, sampling)) for _ in range(3)]
-    await until_generating(vllm.url, before, at_least=3 * 8)
-    await vllm.update_weights(other.state_dict(), version=old + 1)  # pause(abort) -> reload -> relabel -> resume
+    await until_generating(vllm.url, before, at_least=3 * 8, requests=3)
+    await vllm.update_weights(str(weights), version=old + 1)  # pause(abort) -> reload -> relabel -> resume
     try:
         for result in await asyncio.gather(*running):
             assert result.finish_reason == "length" and len(result.output_ids) == LONG
@@ -159,6 +171,7 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
         assert timing.version == old + 1 and 0 < timing.paused_s <= timing.total_s
         assert await current_version(vllm) == old + 1
     finally:
+        shutil.rmtree(weights, ignore_errors=True)
         await vllm.update_weights(served_model.state_dict(), version=old + 2)  # later tests expect these weights
     restored = await vllm.generate(prompt, GREEDY)
     ours = LocalEngine(served_model, tokenizer)
@@ -170,6 +183,7 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
 async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model, tokenizer):
     keep = VLLMEngine(vllm.url, pause_mode="in_place", api_key=KEY)
     prompt = chat_prompt(tokenizer, "What is 7+5? Answer briefly.")
+    weights = write_safetensors(served_model.state_dict())  # before generating: see the push test above
     try:
         before = await generated_tokens(keep.url)
         running = asyncio.create_task(
@@ -177,11 +191,12 @@ async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model,
         )
         old = await current_version(keep)
         await until_generating(keep.url, before)
-        await keep.update_weights(served_model.state_dict(), version=old + 1)  # the same weights, a new label
+        await keep.update_weights(str(weights), version=old + 1)  # the same weights, a new label
         result = await running
         assert result.meta["resubmits"] == 0 and result.finish_reason == "length"
         versions_are_a_step(result.token_versions, old, old + 1)
     finally:
+        shutil.rmtree(weights, ignore_errors=True)
         await keep.close()
 
 
