@@ -179,7 +179,8 @@ class ManagedServer:
                 while _group_alive(self.pid) and time.monotonic() < deadline:
                     self._reap()
                     time.sleep(0.1)
-        self._reap()
+        # the group leader shows as a zombie while its last threads are still exiting: wait for it, briefly
+        self._reap(timeout=5.0)
         with _RUNNING_LOCK:
             _RUNNING.discard(self)
         # A group that exited on our SIGTERM unlinked its own segments; only a killed or crashed one leaks them.
@@ -187,9 +188,9 @@ class ManagedServer:
         clean_shm_leftovers(self._shm_before, self._group_pids, segments=killed)
         return self.process.returncode
 
-    def _reap(self) -> None:
+    def _reap(self, timeout: float = 0.0) -> None:
         try:
-            self.process.wait(timeout=0)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
 
