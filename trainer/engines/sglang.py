@@ -18,7 +18,6 @@ import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +26,7 @@ import aiohttp
 from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.episodes import ROUTING_HEADER, episode_key
+from envhub.trainer.engines.resubmit import resubmit_until_done
 from envhub.trainer.engines.sglang_protocol import ADMIN_ROUTES
 from envhub.trainer.engines.sglang_push import bucket_fields, on_cuda, send_buckets
 
@@ -165,54 +165,42 @@ class SGLangEngine(InferenceEngine):
         self, input_ids: list[int], sampling: SamplingParams, *, rid: str | None = None
     ) -> GenerateResult:
         """Generate with logprobs; requests aborted by pauses or weight updates are resubmitted where they stopped."""
-        rid = rid or f"envhub-{uuid.uuid4().hex}"
         key = episode_key.get()
         headers = {ROUTING_HEADER: key} if key else None  # sglang-router's manual policy pins the episode
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        finish: FinishReason = "abort"
+
+        async def submit(request_id: str, token_ids: list[int], segment_sampling: SamplingParams) -> GenerateResult:
+            body = {
+                "input_ids": token_ids,
+                "sampling_params": segment_sampling.to_sglang(),
+                "return_logprob": True,
+                "logprob_start_len": -1,
+                "rid": request_id,
+                "stream": False,
+            }
+            meta = (await self._post("/generate", body, headers))["meta_info"]
+            segment = meta.get("output_token_logprobs") or []
+            finish: FinishReason = (meta.get("finish_reason") or {}).get("type") or "length"
+            return GenerateResult(
+                output_ids=[int(entry[1]) for entry in segment],
+                logprobs=[float(entry[0]) for entry in segment],
+                finish_reason=finish,
+                token_versions=[int(v) for v in span_versions(meta, len(segment), 0)],  # "default" = initial weights
+            )
+
         self.in_flight += 1
         try:
-            for attempt in range(self.max_resubmits + 1):
-                remaining = sampling.max_new_tokens - len(output_ids)
-                self._live[rid] = rid if attempt == 0 else f"{rid}/r{attempt}"
-                body = {
-                    "input_ids": list(input_ids) + output_ids,
-                    "sampling_params": replace(sampling, max_new_tokens=remaining).to_sglang(),
-                    "return_logprob": True,
-                    "logprob_start_len": -1,
-                    "rid": self._live[rid],
-                    "stream": False,
-                }
-                data = await self._post("/generate", body, headers)
-                meta = data["meta_info"]
-                segment = meta.get("output_token_logprobs") or []
-                output_ids += [int(entry[1]) for entry in segment]
-                logprobs += [float(entry[0]) for entry in segment]
-                versions += span_versions(meta, len(segment), 0)  # "default" (no number) is the initial weights
-                finish = (meta.get("finish_reason") or {}).get("type") or "length"
-                if finish != "abort" or rid in self._user_aborted or len(output_ids) >= sampling.max_new_tokens:
-                    break
-            if finish == "abort" and len(output_ids) >= sampling.max_new_tokens:
-                finish = "length"
+            return await resubmit_until_done(
+                submit,
+                rid or f"envhub-{uuid.uuid4().hex}",
+                input_ids,
+                sampling,
+                max_resubmits=self.max_resubmits,
+                live=self._live,
+                user_aborted=self._user_aborted,
+                version=self.version,
+            )
         finally:
             self.in_flight -= 1
-            self._live.pop(rid, None)
-            self._user_aborted.discard(rid)
-        return GenerateResult(
-            output_ids=output_ids,
-            logprobs=logprobs,
-            finish_reason=finish,
-            weight_version=versions[-1] if versions else self.version,
-            meta={
-                "rid": rid,
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(output_ids),
-                "resubmits": attempt,
-            },
-            token_versions=[int(v) for v in versions],
-        )
 
     # -- weight updates -------------------------------------------------------------------------------------------
     async def update_weights(

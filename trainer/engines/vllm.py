@@ -20,7 +20,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +29,7 @@ import aiohttp
 from envhub.errors import EngineError, EngineUnreachable
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.launcher import ManagedServer, free_port, module_command
+from envhub.trainer.engines.resubmit import resubmit_until_done
 from envhub.trainer.engines.sglang import span_versions
 from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, vllm_python, vllm_sampling
 from envhub.trainer.engines.vllm_weights import check_weights_dir, served_model_dir, write_safetensors
@@ -259,47 +260,20 @@ class VLLMEngine(InferenceEngine):
         """Generate with per-token logprobs; a request aborted by a weight push is resubmitted where it stopped."""
         if not input_ids:
             raise EngineError("generate needs at least one prompt token")
-        rid = rid or f"envhub-{uuid.uuid4().hex}"
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        versions: list[int] = []
-        finish: FinishReason = "length"
-        submissions = 0
         self.in_flight += 1
         try:
-            for attempt in range(self.max_resubmits + 1):
-                remaining = sampling.max_new_tokens - len(output_ids)
-                if remaining <= 0:  # nothing (more) to generate: a resubmission would ask vLLM for 0 tokens
-                    finish = "length"
-                    break
-                self._active[rid] = rid if attempt == 0 else f"{rid}/r{attempt}"
-                submissions += 1
-                segment = await self._submit(
-                    self._active[rid], list(input_ids) + output_ids, replace(sampling, max_new_tokens=remaining)
-                )
-                output_ids += segment.output_ids
-                logprobs += segment.logprobs
-                versions += segment.token_versions
-                finish = segment.finish_reason
-                if finish != "abort" or rid in self._user_aborted:
-                    break
+            return await resubmit_until_done(
+                self._submit,
+                rid or f"envhub-{uuid.uuid4().hex}",
+                input_ids,
+                sampling,
+                max_resubmits=self.max_resubmits,
+                live=self._active,
+                user_aborted=self._user_aborted,
+                version=self.version,
+            )
         finally:
             self.in_flight -= 1
-            self._active.pop(rid, None)
-            self._user_aborted.discard(rid)
-        return GenerateResult(
-            output_ids=output_ids,
-            logprobs=logprobs,
-            finish_reason=finish,
-            weight_version=versions[-1] if versions else self.version,
-            meta={
-                "rid": rid,
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(output_ids),
-                "resubmits": max(0, submissions - 1),
-            },
-            token_versions=versions,
-        )
 
     async def _submit(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         """One /inference/v1/generate call: its tokens, logprobs, per-token versions and finish reason."""
