@@ -24,6 +24,7 @@ system-packages:
 	@bash scripts/install-system.sh $(APT_PACKAGES)
 
 $(STAMP): pyproject.toml setup.py | system-packages
+	@bash scripts/check-disk.sh "installing envhub's virtualenv" 6 .
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
@@ -51,6 +52,7 @@ vllm: $(VLLM_STAMP)
 
 # The stamp names the version, so a new pin reinstalls and an unchanged one is a no-op.
 $(VLLM_STAMP):
+	@bash scripts/check-disk.sh "installing vLLM's virtualenv" 5 .
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
@@ -71,6 +73,8 @@ lint: install
 	$(BIN)/ruff format --check .
 
 test: install base-image lint
+	@# the suite's checkpoints and runs peak near 2 GiB under /tmp (pytest keeps only failed tests' folders)
+	@bash scripts/check-disk.sh "the test suite" 4 "$${TMPDIR:-/tmp}" .
 	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 ENVHUB_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
 
 test-fast: install
