@@ -3,10 +3,15 @@
 Live requests own KV cache slots in order: decoding rows first (slots 0..running-1), then the rows being
 prefilled. A request is admitted (given a slot) when the batch has room and the KV budget holds its reservation
 (prompt + max_new_tokens); otherwise it waits, first come first served. A request that could never fit is refused
-by the engine before it queues. Prefill is chunked: a prefill step feeds at most `prefill_chunk` tokens (while no
-row decodes, up to `IDLE_PREFILL_TOKENS`), taken from the prefilling rows in order, so only the last row of a step
-can stay partly prefilled; rows whose whole context is in the cache join the decoding rows, whose slots they
-already follow. While rows decode, prefill steps alternate with decode steps.
+by the engine before it queues.
+
+Prefill is chunked: a prefill step feeds at most `prefill_chunk` tokens, taken from the prefilling rows in order,
+so only the last row of a step can stay partly prefilled; rows whose whole context is in the cache join the
+decoding rows, whose slots they already follow. While rows decode, prefill steps alternate with decode steps.
+A burst that arrives while nothing decodes is prefilled first, up to `IDLE_PREFILL_TOKENS`, in steps of
+`burst_chunk` tokens, so that decoding starts at the burst's full batch: one big step on a GPU, chunk-sized steps
+on a CPU, where a step of thousands of tokens runs several times slower per token (its activations leave the
+caches).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from envhub.inference import FinishReason, SamplingParams
 from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.prefix_cache import PrefixCache
 
-IDLE_PREFILL_TOKENS = 8192  # a prefill step's tokens while no row decodes
+IDLE_PREFILL_TOKENS = 8192  # tokens a burst prefills before its rows start decoding
 
 
 @dataclass
@@ -74,11 +79,21 @@ class Request:
 class Scheduler:
     """Request queues, KV slot ownership and the choice between prefill and decode steps."""
 
-    def __init__(self, cache: KVCache, prefix_cache: PrefixCache, *, max_batch_size: int, prefill_chunk: int) -> None:
+    def __init__(
+        self,
+        cache: KVCache,
+        prefix_cache: PrefixCache,
+        *,
+        max_batch_size: int,
+        prefill_chunk: int,
+        burst_chunk: int = IDLE_PREFILL_TOKENS,
+    ) -> None:
         self.cache = cache
         self.prefix_cache = prefix_cache
         self.max_batch_size = max_batch_size
         self.prefill_chunk = prefill_chunk  # tokens per prefill step; 0 = the whole prompts at once
+        self.burst_chunk = max(burst_chunk, prefill_chunk)  # tokens per prefill step of a burst (see the docstring)
+        self._burst_left = 0  # tokens the current burst may still prefill before its rows decode
         self.waiting: list[Request] = []
         self.prefilling: list[Request] = []  # admitted, context not (fully) in the cache yet
         self.running: list[Request] = []
@@ -108,7 +123,14 @@ class Scheduler:
             self.waiting.pop(0)
 
     def prefill_due(self) -> bool:
-        """Prefill when rows wait for it and nothing decodes, or when the last step was a decode step."""
+        """Prefill when rows wait for it and nothing decodes (a burst: until it is prefilled), or when the last step
+        was a decode step."""
+        if not self.prefilling:
+            self._burst_left = 0
+        elif not self.running:
+            self._burst_left = IDLE_PREFILL_TOKENS  # a new burst: its ready rows wait for the rest of it
+        if self._burst_left > 0:
+            return True
         due = bool(self.prefilling) and (not self.running or not self._decode_due)
         if due:
             self._decode_due = True
@@ -124,13 +146,15 @@ class Scheduler:
 
     def prefill_plan(self) -> tuple[int, list[list[int]]]:
         """The first prefilling slot and the token pieces of the next prefill step: at most `prefill_chunk` tokens
-        while rows decode (they wait for it), at most `IDLE_PREFILL_TOKENS` when none does (nobody waits, and one
-        big step lets every row start decoding together instead of decode steps running at a fraction of the
-        batch between chunks)."""
+        while rows decode (they wait for it); in a burst at most `burst_chunk` tokens of what is left of it (nobody
+        waits, and every row starts decoding together instead of decode steps running at a fraction of the batch
+        between chunks)."""
         if self.prefill_chunk <= 0:
             budget = 1 << 62
+        elif self._burst_left > 0:
+            budget = min(self.burst_chunk, self._burst_left)
         else:
-            budget = self.prefill_chunk if self.running else max(self.prefill_chunk, IDLE_PREFILL_TOKENS)
+            budget = self.prefill_chunk
         first, pieces = len(self.running), []
         for offset, request in enumerate(self.prefilling):
             if budget <= 0:
@@ -146,6 +170,7 @@ class Scheduler:
         first = len(self.running)
         self.stats.prefill_steps += 1
         self.stats.prefill_tokens += sum(len(p) for p in pieces)
+        self._burst_left = max(self._burst_left - sum(len(p) for p in pieces), 0)
         done = 0
         while done < len(pieces) and self.cache.lengths[first + done] == len(self.prefilling[done].context()):
             done += 1

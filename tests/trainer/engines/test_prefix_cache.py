@@ -10,6 +10,7 @@ from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.prefix_cache import PrefixCache
+from envhub.trainer.engines.scheduler import IDLE_PREFILL_TOKENS
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 
@@ -124,15 +125,21 @@ def test_prefix_cache_matches_longest_common_prefix_and_evicts_least_recently_us
     assert cache.match(list(range(100)))[0] < 99
 
 
-async def test_a_burst_prefills_in_one_step_when_nothing_decodes(tiny_model, tokenizer, greedy_reference):
+@pytest.mark.parametrize("burst_chunk", [None, IDLE_PREFILL_TOKENS])
+async def test_a_burst_is_prefilled_whole_before_any_row_decodes(tiny_model, tokenizer, greedy_reference, burst_chunk):
+    """On a CPU (None: the engine's choice here) a burst arriving while nothing decodes is prefilled chunk by chunk;
+    on a GPU (burst_chunk=IDLE_PREFILL_TOKENS) in one step; either way its rows start decoding together."""
     engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
+    if burst_chunk is not None:
+        engine.scheduler.burst_chunk = burst_chunk
     burst = [tokenizer.encode(f"Episode {i}: the board shows a box and a wall.") for i in range(3)]
     assert all(len(p) > 8 for p in burst)
     try:
         results = await asyncio.gather(*[engine.generate(p, GREEDY) for p in burst])
     finally:
         await engine.close()
-    assert engine.stats.prefill_steps == 1  # nobody was decoding: no reason to chunk
+    tokens = sum(len(p) for p in burst)
+    assert engine.stats.prefill_steps == (1 if burst_chunk else -(-tokens // 8))
     assert engine.stats.decode_rows == len(burst) * (GREEDY.max_new_tokens - 1)  # every decode step had all rows
     for prompt, result in zip(burst, results):
         assert result.output_ids == greedy_reference(tiny_model, prompt, GREEDY.max_new_tokens)
