@@ -84,24 +84,43 @@ def _shaping(params: list[SamplingParams], output_ids: list[list[int]], stop_ids
     return False
 
 
-def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One token per row of `probs` by inverse CDF: a uniform per row (from the row's generator when it has one).
+DRAW_BLOCK = 256  # vocabulary entries per block of the two-level inverse CDF
+
+
+def _draw(weights: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of `weights` (probabilities up to a factor per row) by inverse CDF: one uniform per row
+    (from the row's generator when it has one).
 
     Exact sampling from the categorical distribution, with one random number per row instead of one per
     vocabulary entry (torch.multinomial draws a whole row of exponentials: ~30x slower for a 49k vocabulary).
+    The CDF is walked in two levels: the sums of blocks of `DRAW_BLOCK` entries (a vectorised reduction), then
+    the running sum inside the one block the uniform falls in, instead of a running sum over the whole
+    vocabulary (a sequential scan: ~4 ms per decode step of 32 rows x 49k on this CPU). A token of weight 0 is
+    never drawn.
     """
-    device = probs.device
-    uniforms = torch.empty(len(generators), dtype=torch.float32, device=device)
+    device = weights.device
+    rows, vocab = weights.shape
+    uniforms = torch.empty(rows, dtype=torch.float32, device=device)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
         uniforms[shared] = torch.rand(len(shared), device=device)
     for i, generator in enumerate(generators):
         if generator is not None:
             uniforms[i] = torch.rand(1, generator=generator, device=generator.device).to(device)[0]
-    cumulative = probs.cumsum(-1)
-    total = cumulative[:, -1:]
+    if vocab % DRAW_BLOCK:
+        weights = torch.nn.functional.pad(weights, (0, DRAW_BLOCK - vocab % DRAW_BLOCK))
+    blocks = weights.view(rows, -1, DRAW_BLOCK)
+    sums = blocks.sum(-1)
+    coarse = sums.cumsum(-1)
+    total = coarse[:, -1:]
     target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    block = torch.searchsorted(coarse, target, right=True).clamp_(max=coarse.shape[-1] - 1)  # its sum is > 0
+    rest = target - (coarse.gather(1, block) - sums.gather(1, block))  # mass to walk inside the block
+    fine = blocks.gather(1, block[:, :, None].expand(-1, -1, DRAW_BLOCK)).squeeze(1).cumsum(-1)
+    last = fine[:, -1:]
+    rest = torch.minimum(rest.clamp_(min=0), torch.nextafter(last, torch.zeros_like(last)))  # rounding of the sums
+    inside = torch.searchsorted(fine, rest, right=True).clamp_(max=DRAW_BLOCK - 1)
+    return (block * DRAW_BLOCK + inside).squeeze(1)
 
 
 def sample_next(
@@ -125,21 +144,27 @@ def sample_next(
     temperature = None
     if any(t != 1.0 for t in temperatures):
         temperature = torch.tensor(temperatures, device=device).unsqueeze(1)
-    logprobs = torch.log_softmax(logits if temperature is None else logits / temperature, dim=-1)
+    scaled = logits if temperature is None else logits / temperature
+    # log_softmax(scaled)[t] = scaled[t] - top - log(sum(exp(scaled - top))); exp(scaled - top) is also what plain
+    # sampling draws from, so one pass of exp serves both
+    top = scaled.amax(dim=-1, keepdim=True)
+    weights = (scaled - top).exp_()
+    log_norm = top.squeeze(1) + weights.sum(-1).log()
     sampled = [row for row, p in enumerate(params) if p.temperature > 0]
-    if not _shaping(params, output_ids, stop_ids):  # plain sampling: draw from exp(logprobs) itself
+    if not _shaping(params, output_ids, stop_ids):  # plain sampling: draw from the softmax itself
         tokens = logits.argmax(dim=-1) if len(sampled) < rows else torch.empty(rows, dtype=torch.long, device=device)
         if sampled:
             index = torch.tensor(sampled, device=device) if len(sampled) < rows else None
-            probs = (logprobs if index is None else logprobs.index_select(0, index)).exp()
-            drawn = _draw(probs, [generators[r] for r in sampled])
+            drawn = _draw(
+                weights if index is None else weights.index_select(0, index), [generators[r] for r in sampled]
+            )
             if index is None:
                 tokens = drawn
             else:
                 tokens[index] = drawn
     else:
         tokens = _shaped_draw(logits, params, generators, output_ids, stop_ids, temperature, sampled)
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    chosen = scaled.gather(1, tokens.unsqueeze(1)).squeeze(1) - log_norm
     packed = torch.stack([tokens.double(), chosen.double()]).tolist()  # one device-to-host copy (ids are exact)
     return [int(t) for t in packed[0]], packed[1]
 

@@ -68,3 +68,36 @@ def test_batched_rows_draw_like_single_rows_with_their_own_generators():
         sample_next(logits[i : i + 1], params[i : i + 1], [torch.Generator().manual_seed(i)])[0][0] for i in range(4)
     ]
     assert batched == single
+
+
+def test_plain_sampling_over_many_blocks_follows_the_softmax_and_never_draws_an_impossible_token():
+    """A vocabulary of several draw blocks plus a ragged tail, mass spread over blocks, some tokens at -inf."""
+    vocab, likely = 1000, [3, 255, 256, 511, 700, 999]
+    logits = torch.full((1, vocab), -1e4)
+    logits[0, likely] = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, 1.5])
+    logits[0, [4, 257, 998]] = float("-inf")
+    params = [SamplingParams(temperature=0.7)] * 64
+    generator_free = [None] * 64  # unseeded rows draw from torch's global generator
+    torch.manual_seed(0)
+    counts = torch.zeros(vocab)
+    for _ in range(80):
+        tokens, logprobs = sample_next(logits.expand(64, -1), params, generator_free)
+        for token in tokens:
+            counts[token] += 1
+    expected = torch.softmax(logits[0] / 0.7, -1) * counts.sum()
+    assert set(counts.nonzero().flatten().tolist()) <= set(likely)
+    sigma = expected[likely].sqrt()  # binomial counts of 5120 draws; the smallest cell expects ~75
+    assert ((counts[likely] - expected[likely]).abs() < 4 * sigma).all(), (counts[likely], expected[likely])
+    reference = torch.log_softmax(logits[0] / 0.7, -1)
+    assert logprobs == pytest.approx([reference[t].item() for t in tokens], abs=1e-5)
+
+
+def test_plain_sampling_of_a_real_sized_batch_reports_log_softmax_of_each_drawn_token():
+    logits = torch.randn(32, 49152, generator=torch.Generator().manual_seed(5)) * 4
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0)] * 16
+    tokens, logprobs = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(32)])
+    reference = torch.log_softmax(logits, -1)
+    assert logprobs == pytest.approx([reference[r, t].item() for r, t in enumerate(tokens)], abs=1e-4)
+    assert tokens[1::2] == logits[1::2].argmax(-1).tolist()
+    again = sample_next(logits, params, [torch.Generator().manual_seed(i) for i in range(32)])[0]
+    assert again == tokens  # seeded rows draw the same
