@@ -5,6 +5,7 @@ Both HTTP engine clients (SGLang's and vLLM's) generate this way; each supplies 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ Submit = Callable[[str, list[int], SamplingParams], Awaitable[GenerateResult]]
 
 async def resubmit_until_done(
     submit: Submit,
-    rid: str,
+    rid: str | None,
     input_ids: list[int],
     sampling: SamplingParams,
     *,
@@ -27,7 +28,8 @@ async def resubmit_until_done(
     """Submit `input_ids` plus the tokens so far until a segment ends for another reason than a push's abort (a
     user's abort ends it too), at most `max_resubmits` times more. `live` maps `rid` to the server-side id of its
     current submission (rid, then rid/r1, rid/r2, ...) for aborts; both entries are cleared at the end. Every token
-    keeps the version the server reported for it (`version` when there were none)."""
+    keeps the version the server reported for it (`version` when there were none). Without a `rid` one is made up."""
+    rid = rid or f"envhub-{uuid.uuid4().hex}"
     output_ids: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []

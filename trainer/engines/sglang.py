@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -92,7 +91,6 @@ class SGLangEngine(InferenceEngine):
         self.retries = retries
         self.max_resubmits = max_resubmits
         self.version = 0
-        self.in_flight = 0
         self._session: aiohttp.ClientSession | None = None
         self._user_aborted: set[str] = set()
         self._live: dict[str, str] = {}  # rid -> the rid of its attempt now on the server
@@ -187,20 +185,16 @@ class SGLangEngine(InferenceEngine):
                 token_versions=[int(v) for v in span_versions(meta, len(segment), 0)],  # "default" = initial weights
             )
 
-        self.in_flight += 1
-        try:
-            return await resubmit_until_done(
-                submit,
-                rid or f"envhub-{uuid.uuid4().hex}",
-                input_ids,
-                sampling,
-                max_resubmits=self.max_resubmits,
-                live=self._live,
-                user_aborted=self._user_aborted,
-                version=self.version,
-            )
-        finally:
-            self.in_flight -= 1
+        return await resubmit_until_done(
+            submit,
+            rid,
+            input_ids,
+            sampling,
+            max_resubmits=self.max_resubmits,
+            live=self._live,
+            user_aborted=self._user_aborted,
+            version=self.version,
+        )
 
     # -- weight updates -------------------------------------------------------------------------------------------
     async def update_weights(

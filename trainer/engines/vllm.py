@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +86,6 @@ class VLLMEngine(InferenceEngine):
         self.retries = retries
         self.max_resubmits = max_resubmits
         self.version = 0
-        self.in_flight = 0
         self.pushes: list[PushTiming] = []
         self._owned_paths = owned_paths
         self._session: aiohttp.ClientSession | None = None
@@ -260,20 +258,16 @@ class VLLMEngine(InferenceEngine):
         """Generate with per-token logprobs; a request aborted by a weight push is resubmitted where it stopped."""
         if not input_ids:
             raise EngineError("generate needs at least one prompt token")
-        self.in_flight += 1
-        try:
-            return await resubmit_until_done(
-                self._submit,
-                rid or f"envhub-{uuid.uuid4().hex}",
-                input_ids,
-                sampling,
-                max_resubmits=self.max_resubmits,
-                live=self._active,
-                user_aborted=self._user_aborted,
-                version=self.version,
-            )
-        finally:
-            self.in_flight -= 1
+        return await resubmit_until_done(
+            self._submit,
+            rid,
+            input_ids,
+            sampling,
+            max_resubmits=self.max_resubmits,
+            live=self._active,
+            user_aborted=self._user_aborted,
+            version=self.version,
+        )
 
     async def _submit(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         """One /inference/v1/generate call: its tokens, logprobs, per-token versions and finish reason."""
