@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.engine_watch import PROBE_INTERVAL_S
 from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.records import read_episodes
 from envhub.trainer.train import Trainer
@@ -84,6 +85,11 @@ async def test_a_killed_engine_restarted_on_its_port_is_ridden_out_with_the_trai
         server.send_signal(signal.SIGKILL)
         server.wait(timeout=30)
         server.stderr.close()
+        # stay down longer than the client's own retries (0.4 + 0.8 + 1.6 s) and a health probe's period: a server
+        # back within the retry window is never seen as gone (each call simply succeeds on it), and then no outage
+        # is there to ride out; a warm machine restarts serve-engine that fast
+        await asyncio.sleep(PROBE_INTERVAL_S + 3.0)
+        assert not training.done(), training.exception()
         server = _serve_engine(port, tmp_path)  # the same port, its initial weights
         result = await asyncio.wait_for(training, 900)
         assert result.last_step == 6
