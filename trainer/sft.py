@@ -181,8 +181,10 @@ async def warm_start(model: Any, tokenizer: Any, config: Any, pad_id: int, out_d
     if sft.collect:
         data = await collect_expert_data(config, data)
     examples = load_examples(data, tokenizer, sft.max_tokens)
+    from envhub.trainer.engines.compute_thread import releasing_openmp
+
     stats = await asyncio.to_thread(
-        run_sft,
+        releasing_openmp(run_sft),
         model,
         examples,
         epochs=sft.epochs,

@@ -24,6 +24,7 @@ import torch
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
 from envhub.trainer.engine_watch import WatchedEngine
+from envhub.trainer.engines.compute_thread import releasing_openmp
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.learner.checkpoint import (
@@ -369,7 +370,7 @@ class Trainer:
         assert self.engine is not None
         lags = [run.queue.lag(g) for g in groups]
         step_started = time.monotonic()
-        stats = await asyncio.to_thread(run.learner.step, groups, run.queue.version)
+        stats = await asyncio.to_thread(releasing_openmp(run.learner.step), groups, run.queue.version)
         run.step += 1
         if run.step >= self.config.budget.steps:
             # the last step: stop starting groups before its version admits more, or a whole batch that no step
@@ -418,7 +419,7 @@ class Trainer:
 
     async def _save(self, run: _Run) -> Path:
         """Snapshot the learner (a collective under FSDP), then write the files off the event loop."""
-        snapshot = await asyncio.to_thread(run.learner.checkpoint_state)
+        snapshot = await asyncio.to_thread(releasing_openmp(run.learner.checkpoint_state))
         state = {
             "queue": run.queue.state(),
             "sampler": run.sampler.state(),
@@ -465,7 +466,7 @@ class Trainer:
                 run.metrics.plot_rewards()
         run.metrics.close()
         if run.eval_model is not None and not run.interrupted and run.ended_cleanly:
-            run.final_state = await asyncio.to_thread(run.learner.engine_state, torch.float32)
+            run.final_state = await asyncio.to_thread(releasing_openmp(run.learner.engine_state), torch.float32)
         if self.learner_group is not None:
             self.learner_group.shutdown()
 

@@ -1,10 +1,13 @@
-"""What the machine offers the embedded engine: its serving dtype, and a glibc setting that keeps CPU memory flat."""
+"""What the machine offers the embedded engine: its serving dtype, glibc's allocator settings, and OpenMP's
+worker threads (see `envhub.trainer.engines.compute_thread` for why a thread gives its workers back)."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import glob
+import os
 import sys
 from typing import Any
 
@@ -13,7 +16,7 @@ import torch
 from envhub.errors import EngineError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -37,18 +40,53 @@ def engine_dtype(name: Any, device: Any) -> torch.dtype:
 
 
 @functools.cache
-def fix_malloc_mmap_threshold(threshold: int = 64 * 1024) -> bool:
-    """Serve CPU tensors of `threshold` bytes or more from fresh mmaps (glibc only); True when applied.
+def fix_malloc_thresholds(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 128 * 2**20) -> bool:
+    """Fix glibc's mmap and trim thresholds for an engine's allocations (glibc only); True when applied.
 
-    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which KV-cache
-    tensors of ever-changing sizes come from the heap, fragment it and are never returned: a multi-turn engine
-    on CPU then grew by about 1 GB a minute with the live data flat. A fixed threshold disables that adjustment
-    (as MALLOC_MMAP_THRESHOLD_ does), so freed tensors go back to the OS.
+    Two costs pull opposite ways. glibc raises its mmap threshold each time a large block is freed (up to
+    32 MiB), after which KV-cache tensors of ever-changing sizes come from the heap, fragment it and are never
+    returned: a multi-turn engine on CPU once grew by about 1 GB a minute with the live data flat. But a low
+    fixed threshold (64 KiB, as before) maps and unmaps every step's activations, logits and sampling buffers:
+    ~3,800 page faults, ~20 ms of kernel time per 32-row SmolLM2 decode step (a fifth of the step).
+    So: blocks under `mmap_threshold` (a step's temporaries up to 128 rows' fp32 logits) stay on the heap, whose
+    top is only given back past `trim_threshold` free; the KV cache is one block well above it
+    (`KVCache._allocate`), so it is mapped and returned whole. Fixed values also turn off glibc's adjustment.
     """
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+        )
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt): nothing to fix
         return False
+
+
+@functools.cache
+def _gnu_openmp() -> Any:
+    """torch's GNU OpenMP runtime when it is the one loaded in this process (Linux wheels), else None."""
+    if not sys.platform.startswith("linux") or "OpenMP" not in torch.__config__.parallel_info():
+        return None
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp*.so*"))):
+        try:  # RTLD_NOLOAD: only the copy torch already loaded, never a second runtime
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        except OSError:
+            continue
+        if hasattr(library, "omp_pause_resource_all"):
+            return library
+    return None
+
+
+def release_openmp_workers() -> bool:
+    """End the OpenMP worker threads this thread's parallel regions used (GNU OpenMP only); True when done.
+
+    `omp_pause_resource_all` (OpenMP 5.0) frees the calling thread's team in libgomp: the process then counts
+    fewer OpenMP threads, and while it holds no more of them than CPUs, idle workers of the teams that compute
+    spin between regions instead of sleeping. A later parallel region on this thread starts a new team.
+    """
+    library = _gnu_openmp()
+    if library is None:
+        return False
+    omp_pause_hard = 2
+    return library.omp_pause_resource_all(omp_pause_hard) == 0

@@ -130,14 +130,19 @@ class KVCache:
             self._allocate(self.rows, max(tokens, max(self.lengths)))
 
     def _allocate(self, slots: int, capacity: int) -> None:
-        """New zeroed tensors (zeros: masked positions must hold finite values), live rows copied over."""
+        """New zeroed tensors (zeros: masked positions must hold finite values), live rows copied over.
+
+        Keys and values of every layer are views of one block: on a CPU a block that size comes straight from
+        the OS and goes back to it when freed (`fix_malloc_thresholds`), so caches of changing shapes never
+        fragment the heap.
+        """
         layout = self.layout
         shape = (slots + 1, layout.kv_heads, capacity, layout.head_dim)
+        block = torch.zeros((2, layout.layers, *shape), dtype=layout.dtype, device=layout.device)
         keys, values = [], []
         width = max(self.lengths, default=0)
         for layer in range(layout.layers):
-            k = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
-            v = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+            k, v = block[0, layer], block[1, layer]
             if self.keys and self.rows and width:
                 k[: self.rows, :, :width] = self.keys[layer][: self.rows, :, :width]
                 v[: self.rows, :, :width] = self.values[layer][: self.rows, :, :width]

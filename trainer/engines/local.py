@@ -1,7 +1,8 @@
 """LocalEngine: a transformers model served in-process with continuous batching, logprobs and in-place weight updates.
 
 An asyncio loop admits waiting requests between steps and runs each step (a prefill chunk of the newcomers, or
-one decode step of every running row) in a worker thread. The parts, each in its own module: `Scheduler` (queues,
+one decode step of every running row) on the engine's own compute thread, which does all of its torch work
+(`ComputeThread`: why one thread matters on a CPU). The parts, each in its own module: `Scheduler` (queues,
 admission under the KV budget, prefill/decode choice), `KVCache` (preallocated keys/values per slot),
 `ModelRunner` (the forward pass over the cache), `DecodeStep` (CUDA graphs on GPU), `sampler` (tokens and
 behaviour logprobs) and `PrefixCache` (KV of earlier turns, so the next turn of an episode prefills only its new
@@ -19,8 +20,9 @@ import torch
 
 from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
+from envhub.trainer.engines.compute_thread import ComputeThread
 from envhub.trainer.engines.decode_step import DecodeStep
-from envhub.trainer.engines.hardware import engine_dtype, fix_malloc_mmap_threshold
+from envhub.trainer.engines.hardware import engine_dtype, fix_malloc_thresholds, release_openmp_workers
 from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.prefix_cache import PrefixCache
@@ -61,7 +63,7 @@ class LocalEngine(InferenceEngine):
             model = model.to(engine_dtype(dtype, device))
         self.model = model.eval()
         self.tokenizer = tokenizer
-        fix_malloc_mmap_threshold()
+        fix_malloc_thresholds()
         self.version = version
         if eos_token_ids is None:
             eos = getattr(model.generation_config, "eos_token_id", None) or getattr(tokenizer, "eos_token_id", None)
@@ -97,6 +99,8 @@ class LocalEngine(InferenceEngine):
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._compute = ComputeThread("local-engine")
+        release_openmp_workers()  # this thread cast the weights; from now on the compute thread computes
 
     @classmethod
     def from_pretrained(
@@ -174,6 +178,7 @@ class LocalEngine(InferenceEngine):
             raise EngineError("the engine is busy in another event loop", hint="use one event loop per engine")
         self._loop, self._loop_task = loop, None
         self._lock, self._wake = asyncio.Lock(), asyncio.Event()
+        release_openmp_workers()  # the loop's thread only serves; the compute thread computes
 
     def _validate(self, input_ids: list[int], sampling: SamplingParams) -> None:
         if not input_ids:
@@ -204,9 +209,9 @@ class LocalEngine(InferenceEngine):
                     if self._paused:
                         break
                     try:
-                        finished = await asyncio.to_thread(self._step)
+                        finished = await self._compute.run(self._step)
                     except Exception as exc:  # a failed step (e.g. out of memory) fails its requests, not the engine
-                        finished = self._fail(exc)
+                        finished = await self._fail(exc)
                 for request in finished:
                     self._resolve(request)
                 await asyncio.sleep(0)  # let new requests, aborts and pauses in between steps
@@ -255,10 +260,14 @@ class LocalEngine(InferenceEngine):
         with torch.inference_mode():
             return scheduler.remove(lambda r: r.finish is not None)
 
-    def _fail(self, exc: Exception) -> list[Request]:
-        """Fail every live request of a step that raised, and empty the batch."""
+    def _remove(self, hit: Any, save_prefixes: bool = True) -> list[Request]:
+        """Take the rows `hit` selects out of the batch (KV copies: call on the compute thread)."""
         with torch.inference_mode():
-            failed = self.scheduler.remove(lambda r: True, save_prefixes=False)
+            return self.scheduler.remove(hit, save_prefixes=save_prefixes)
+
+    async def _fail(self, exc: Exception) -> list[Request]:
+        """Fail every live request of a step that raised, and empty the batch."""
+        failed = await self._compute.run(self._remove, lambda r: True, False)
         error = EngineError(f"generation step failed: {type(exc).__name__}: {exc}")
         for request in failed:
             if not request.future.done():
@@ -299,7 +308,7 @@ class LocalEngine(InferenceEngine):
             token_versions=list(request.versions),
         )
 
-    def _interrupt(self, reason: Literal["user", "system"], rid: str | None = None) -> int:
+    async def _interrupt(self, reason: Literal["user", "system"], rid: str | None = None) -> int:
         """Stop running and waiting requests (all, or the one with `rid`); call with the lock held.
 
         "system" interruptions (pause, weight update) send resubmittable requests back to the queue.
@@ -309,8 +318,7 @@ class LocalEngine(InferenceEngine):
             return rid is None or r.rid == rid
 
         scheduler = self.scheduler
-        with torch.inference_mode():
-            stopped = scheduler.remove(hit) + [r for r in scheduler.waiting if hit(r)]
+        stopped = await self._compute.run(self._remove, hit) + [r for r in scheduler.waiting if hit(r)]
         scheduler.waiting = [r for r in scheduler.waiting if not hit(r)]
         requeue = []
         for request in stopped:
@@ -326,20 +334,19 @@ class LocalEngine(InferenceEngine):
     async def abort(self, rid: str | None = None) -> int:
         """Abort one request (by rid) or all; they return finish_reason "abort" with their tokens so far."""
         async with self._lock:
-            return self._interrupt("user", rid)
+            return await self._interrupt("user", rid)
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
         """Stop stepping. in_place keeps the batch; retract requeues it; abort ends it (resubmittable ones requeue)."""
         self._paused = True
         async with self._lock:
             if mode == "retract":
-                with torch.inference_mode():
-                    retracted = self.scheduler.remove(lambda r: True)
+                retracted = await self._compute.run(self._remove, lambda r: True)
                 for request in retracted:
                     request.retracts += 1
                 self.scheduler.waiting = retracted + self.scheduler.waiting
             elif mode == "abort":
-                self._interrupt("system")
+                await self._interrupt("system")
             elif mode != "in_place":
                 raise EngineError(f"unknown pause mode {mode!r}", hint="use abort, retract or in_place")
 
@@ -358,8 +365,8 @@ class LocalEngine(InferenceEngine):
         """
         async with self._lock:
             if abort_all_requests:
-                self._interrupt("system")
-            await asyncio.to_thread(load_state, self.model, path_or_state)
+                await self._interrupt("system")
+            await self._compute.run(load_state, self.model, path_or_state)
             self.prefix_cache.clear()  # KV computed under the old weights
             self.scheduler.forget_partial_prefills()
             self.version = self.version + 1 if version is None else int(version)
@@ -386,7 +393,7 @@ class LocalEngine(InferenceEngine):
         if self._closed:
             return
         async with self._lock:
-            self._interrupt("user")
+            await self._interrupt("user")
             self._closed = True
         self._wake.set()
         if self._loop_task is not None:
@@ -395,3 +402,4 @@ class LocalEngine(InferenceEngine):
                 await self._loop_task
             except (asyncio.CancelledError, Exception):
                 pass
+        self._compute.close()

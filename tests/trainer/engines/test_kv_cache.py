@@ -72,3 +72,26 @@ def test_a_static_cache_is_allocated_once_at_the_budget():
     assert not cache.fits(1, 201)
     with pytest.raises(EngineError, match="holds no token"):
         KVCache(LAYOUT, 64, max_rows=4, max_tokens=4096, static=True)
+
+
+def test_a_freed_cache_goes_back_to_the_os():
+    """The cache is one block, above the engine's fixed mmap threshold: freeing it unmaps it, whatever the
+    size of each layer's part (here 3 MiB, under the threshold, which from the heap would stay resident)."""
+    psutil = pytest.importorskip("psutil")
+    from envhub.trainer.engines.hardware import fix_malloc_thresholds
+
+    if not fix_malloc_thresholds():
+        pytest.skip("not glibc: no fixed thresholds")
+    layout = KVLayout(layers=30, kv_heads=3, head_dim=64, dtype=torch.bfloat16, device=torch.device("cpu"))
+    cache = KVCache(layout, 1 << 30, max_rows=16, max_tokens=4096)
+    process = psutil.Process()
+    before = process.memory_info().rss
+    cache.reserve(16, 512)
+    cache.add_row()
+    assert cache.keys[0].nbytes < 32 * 2**20 < cache.bytes
+    held = process.memory_info().rss
+    assert held - before > 0.9 * cache.bytes
+    cache.lengths.clear()
+    cache.shrink(0)  # no live row: everything is given back
+    assert cache.bytes == 0
+    assert process.memory_info().rss - before < 0.1 * (held - before)
