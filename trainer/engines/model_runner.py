@@ -23,6 +23,22 @@ from envhub.trainer.engines.kv_cache import KVCache, KVLayout
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def projection_rows(tokens: int) -> int:
+    """Rows the projections of a `tokens`-token CPU prefill step run on: rounded up to one of ~4 sizes an octave
+    (at least 64; at most 25% padding), so a run meets few matmul shapes.
+
+    oneDNN keeps a primitive per GEMM shape (up to 1024), each with a packed copy of its weight (~1 MB for
+    SmolLM2's): a multi-turn run, whose prefill steps are rows x widths of ever-changing sizes, grew its RSS by ~1 GB
+    that way (a loop of 3,000 random shapes: +0.9 GB at glibc's 64 KiB mmap threshold, +2.2 GB at 32 MiB).
+    The CPU attention kernel does the same per (query, key) width: `prefill` pads those to multiples of 32 / 64
+    (3,000 random shape pairs: +0.8 GB).
+    """
+    if tokens <= 64:
+        return 64
+    step = 1 << (tokens.bit_length() - 3)
+    return -(-tokens // step) * step
+
+
 def unsupported_reason(model: Any) -> str | None:
     """Why `model` cannot be served by the runner, or None when it can."""
     config = getattr(model, "config", None)
@@ -79,7 +95,8 @@ class ModelRunner:
         # CUDA's masked SDPA kernel (memory-efficient attention) has no GQA support: without help it falls back to
         # the math kernel. On CPU the flash kernel's own GQA path is ~9% faster per decode step than folding.
         # `expand_gqa` picks the CUDA path anywhere (tests run it on CPU).
-        self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.group > 1
+        self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.gqa
+        self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
 
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
@@ -89,6 +106,8 @@ class ModelRunner:
         """
         cache, device = self.cache, self.device
         rows, width = len(pieces), max(len(p) for p in pieces)
+        if self.pad_projections:  # few attention shapes too: the CPU flash kernel caches GEMM kernels per shape
+            width = -(-width // 32) * 32
         ids = torch.full((rows, width), pad_id, dtype=torch.long)
         for row, piece in enumerate(pieces):
             ids[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
@@ -101,6 +120,8 @@ class ModelRunner:
         write_slots = torch.where(real, torch.arange(first_slot, first_slot + rows)[:, None], scratch)
         write_positions = torch.where(real, positions, 0)
         extent = int((starts + counts).max())
+        if self.pad_projections:
+            extent = min(-(-extent // 64) * 64, cache.capacity)  # keys past a row's tokens are finite and masked
         mask = torch.arange(extent)[None, None, :] <= positions[:, :, None]  # causal over each row's own tokens
         logits = self.forward(
             ids.to(device),
@@ -143,15 +164,20 @@ class ModelRunner:
     ) -> torch.Tensor:
         """ids/positions [B, T]; write_at = (slots, positions) [B, T] where the new keys go; mask [B, 1, T, W]
         over the slots `rows`; `last` [B] picks each row's output position (None: the only one)."""
+        batch, length = ids.shape
         hidden = self.embed(ids)
         cos, sin = self.rotary(hidden, positions)
         kv_rows = self._kv_rows(*write_at)
+        tokens = batch * length
+        padded = projection_rows(tokens) if self.pad_projections and length > 1 else tokens
+        hidden = self._pad(hidden.reshape(tokens, -1), padded)  # [padded, hidden]: tokens as rows of every GEMM
         for index, layer in enumerate(self.layers):
             attended = self._attention(
-                index, layer.self_attn, layer.input_layernorm(hidden), cos, sin, kv_rows, rows, mask
+                index, layer.self_attn, layer.input_layernorm(hidden), cos, sin, kv_rows, rows, mask, (batch, length)
             )
             hidden = hidden + attended
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = hidden[:tokens].view(batch, length, -1)
         if last is None:
             hidden = hidden[:, -1]
         else:
@@ -165,6 +191,11 @@ class ModelRunner:
         heads = torch.arange(self.kv_heads, device=slots.device)[None, :, None]
         return ((slots[:, None, :] * self.kv_heads + heads) * capacity + positions[:, None, :]).reshape(-1)
 
+    @staticmethod
+    def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
+        """`x` [n, d] with zero rows appended up to `rows` (padded rows stay finite through norms and MLPs)."""
+        return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
+
     def _attention(
         self,
         index: int,
@@ -175,10 +206,13 @@ class ModelRunner:
         kv_rows: torch.Tensor,
         rows: slice,
         mask: torch.Tensor,
+        shape_in: tuple[int, int],
     ) -> torch.Tensor:
-        batch, length, _ = x.shape
+        """x [padded tokens, hidden] -> the attention output projected, same rows."""
+        batch, length = shape_in
+        tokens = batch * length
         shape = (batch, length, -1, self.head_dim)
-        q, k, v = attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
+        q, k, v = (proj(x)[:tokens].view(shape) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
@@ -197,4 +231,5 @@ class ModelRunner:
         else:  # prefill: heads expanded for CUDA's masked kernel
             keys, values = keys.repeat_interleave(self.group, dim=1), values.repeat_interleave(self.group, dim=1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-        return attn.o_proj(out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(batch, length, -1))
+        out = out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(tokens, -1)
+        return attn.o_proj(self._pad(out, x.shape[0]))

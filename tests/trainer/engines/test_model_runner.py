@@ -99,3 +99,12 @@ def test_the_cuda_attention_path_folded_decode_and_expanded_prefill_equals_the_g
         assert cuda_runner.expand_gqa and not gqa_runner.expand_gqa
         a, b = DecodeStep(gqa_runner)([3, 4]), DecodeStep(cuda_runner)([3, 4])
     assert torch.allclose(gqa_prefill, cuda_prefill, atol=1e-5) and torch.allclose(a, b, atol=1e-5)
+
+
+def test_cpu_prefill_projections_run_on_few_shapes_with_at_most_a_quarter_of_padding():
+    from envhub.trainer.engines.model_runner import projection_rows
+
+    sizes = [projection_rows(n) for n in range(1, 8193)]
+    assert all(size >= n for n, size in enumerate(sizes, start=1))
+    assert all(size <= max(64, 1.25 * n) for n, size in enumerate(sizes, start=1))
+    assert len(set(sizes)) <= 4 * 7 + 1  # 64, then four sizes an octave up to 8192

@@ -3,11 +3,13 @@
 Tolerances stated here (and in docs/engines.md):
 - fp32 engine: greedy ids equal `model.generate`'s; sampled logprobs within 2e-4 nats of the fp32
   log_softmax(logits / T) of one teacher-forced forward (30 layers of batched vs unbatched float32 sums).
-- bf16 engine: every greedy id's logit is within 2 bf16 ulps (0.25 at logits of 16-32) of the maximum logit of a
-  bf16 and of an fp32 transformers forward over the same prefix, and at least 90% of them are that argmax (seen:
-  deficits up to 0.125 vs bf16, 0.18 vs fp32, 2-3 of 96 positions); sampled logprobs within 0.5 nats of the fp32
-  learner's, mean |diff| under 0.06 (seen: max 0.28, mean 0.042), and the sample mean of logprob - fp32 logprob
-  (an estimate of KL(engine || fp32)) under 0.02 nats a token (seen: 0.0007).
+- bf16 engine: every greedy id's logit is within 0.5 of the maximum logit of a bf16 and of an fp32 transformers
+  forward over the same prefix, and at least 90% of them are that argmax. Two bf16 computations of one forward that
+  sum in different orders (the engine's CPU prefill runs padded GEMM shapes, see `projection_rows`) differ by a few
+  bf16 ulps of the hidden state after 30 layers, so the bound is absolute, not in ulps of the logit (seen: deficits
+  up to 0.25 vs bf16 and 0.14 vs fp32, at 2 and 1 of 77 positions; 0.125 / 0.18 before the padding); sampled
+  logprobs within 0.5 nats of the fp32 learner's, mean |diff| under 0.06 (seen: max 0.28, mean 0.042), and the
+  sample mean of logprob - fp32 logprob (an estimate of KL(engine || fp32)) under 0.02 nats a token (seen: 0.0007).
 """
 
 from __future__ import annotations
@@ -37,11 +39,6 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 def forced_logits(model, prompt: list[int], output: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1].float()
-
-
-def bf16_ulp(values: torch.Tensor) -> torch.Tensor:
-    """The spacing of bf16 numbers at `values` (8 significant bits)."""
-    return torch.exp2(torch.floor(torch.log2(values.abs().clamp(min=1e-3))) - 7)
 
 
 def chosen_logprobs(model, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -94,7 +91,7 @@ async def test_bf16_engine_is_greedy_exact_up_to_rounding_ties_and_near_the_fp32
             logits = forced_logits(reference, prompt, result.output_ids)
             best = logits.max(dim=-1).values
             chosen = logits.gather(1, torch.tensor(result.output_ids)[:, None])[:, 0]
-            assert ((best - chosen) <= 2 * bf16_ulp(best)).all(), "a greedy token is not the argmax up to rounding"
+            assert ((best - chosen) <= 0.5).all(), "a greedy token is not the argmax up to bf16 rounding"
             assert (chosen == best).float().mean() >= 0.9
     diff = torch.cat(
         [torch.tensor(r.logprobs) - chosen_logprobs(model, p, r.output_ids) for p, r in zip(prompts, sampled)]
