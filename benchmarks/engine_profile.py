@@ -32,7 +32,7 @@ GROUPS = {
     "sampling": ("sampling",),
     "lm_head": ("lm_head",),
     "attention (sdpa)": ("scaled_dot_product", "_flash_attention", "flash_attention"),
-    "kv writes (index_put)": ("index_put",),
+    "kv writes (index_copy_)": ("index_copy", "index_put"),
     "matmuls (q/k/v/o, mlp)": ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm"),
     "elementwise (norm, rotary, silu, add)": (
         "aten::mul",
