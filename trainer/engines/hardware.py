@@ -16,7 +16,7 @@ import torch
 from envhub.errors import EngineError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -40,25 +40,24 @@ def engine_dtype(name: Any, device: Any) -> torch.dtype:
 
 
 @functools.cache
-def fix_malloc_thresholds(mmap_threshold: int = 32 * 2**20, trim_threshold: int = 128 * 2**20) -> bool:
-    """Fix glibc's mmap and trim thresholds for an engine's allocations (glibc only); True when applied.
+def fix_malloc_mmap_threshold(threshold: int = 64 * 1024) -> bool:
+    """Serve CPU tensors of `threshold` bytes or more from fresh mmaps (glibc only); True when applied.
 
-    Two costs pull opposite ways. glibc raises its mmap threshold each time a large block is freed (up to
-    32 MiB), after which KV-cache tensors of ever-changing sizes come from the heap, fragment it and are never
-    returned: a multi-turn engine on CPU once grew by about 1 GB a minute with the live data flat. But a low
-    fixed threshold (64 KiB, as before) maps and unmaps every step's activations, logits and sampling buffers:
-    ~3,800 page faults, ~20 ms of kernel time per 32-row SmolLM2 decode step (a fifth of the step).
-    So: blocks under `mmap_threshold` (a step's temporaries up to 128 rows' fp32 logits) stay on the heap, whose
-    top is only given back past `trim_threshold` free; the KV cache is one block well above it
-    (`KVCache._allocate`), so it is mapped and returned whole. Fixed values also turn off glibc's adjustment.
+    glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which KV-cache
+    tensors of ever-changing sizes come from the heap, fragment it and are never returned: a multi-turn engine
+    on CPU then grew by about 1 GB a minute with the live data flat. A fixed threshold disables that adjustment
+    (as MALLOC_MMAP_THRESHOLD_ does), so freed tensors go back to the OS.
+
+    The price is ~3,800 page faults (~12 ms) per 32-row SmolLM2 decode step, whose activations and logits are
+    mapped and unmapped every step. A 32 MiB threshold (128 MiB trim) kept them on the heap and made the step
+    78 ms instead of 90 on 2 cores, but in a training process the learner's activations then stayed in the
+    heaps of its threads too: `make demo` grew past 24 GB in 5 minutes and was killed. Kept at 64 KiB.
     """
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, trim_threshold)
-        )
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt): nothing to fix
         return False
 

@@ -132,9 +132,8 @@ class KVCache:
     def _allocate(self, slots: int, capacity: int) -> None:
         """New zeroed tensors (zeros: masked positions must hold finite values), live rows copied over.
 
-        Keys and values of every layer are views of one block: on a CPU a block that size comes straight from
-        the OS and goes back to it when freed (`fix_malloc_thresholds`), so caches of changing shapes never
-        fragment the heap.
+        Keys and values of every layer are views of one block: one allocation and one free per reshape, mapped
+        and unmapped whole (`fix_malloc_mmap_threshold`).
         """
         layout = self.layout
         shape = (slots + 1, layout.kv_heads, capacity, layout.head_dim)

@@ -22,7 +22,7 @@ from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.compute_thread import ComputeThread
 from envhub.trainer.engines.decode_step import DecodeStep
-from envhub.trainer.engines.hardware import engine_dtype, fix_malloc_thresholds, release_openmp_workers
+from envhub.trainer.engines.hardware import engine_dtype, fix_malloc_mmap_threshold, release_openmp_workers
 from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.prefix_cache import PrefixCache
@@ -63,7 +63,7 @@ class LocalEngine(InferenceEngine):
             model = model.to(engine_dtype(dtype, device))
         self.model = model.eval()
         self.tokenizer = tokenizer
-        fix_malloc_thresholds()
+        fix_malloc_mmap_threshold()
         self.version = version
         if eos_token_ids is None:
             eos = getattr(model.generation_config, "eos_token_id", None) or getattr(tokenizer, "eos_token_id", None)

@@ -75,12 +75,12 @@ def test_a_static_cache_is_allocated_once_at_the_budget():
 
 
 def test_a_freed_cache_goes_back_to_the_os():
-    """The cache is one block, above the engine's fixed mmap threshold: freeing it unmaps it, whatever the
-    size of each layer's part (here 3 MiB, under the threshold, which from the heap would stay resident)."""
+    """With the engine's fixed mmap threshold, freeing the cache unmaps it: RSS falls back (with glibc's moving
+    threshold, parts of this size come from the heap after the first large free and stay resident)."""
     psutil = pytest.importorskip("psutil")
-    from envhub.trainer.engines.hardware import fix_malloc_thresholds
+    from envhub.trainer.engines.hardware import fix_malloc_mmap_threshold
 
-    if not fix_malloc_thresholds():
+    if not fix_malloc_mmap_threshold():
         pytest.skip("not glibc: no fixed thresholds")
     layout = KVLayout(layers=30, kv_heads=3, head_dim=64, dtype=torch.bfloat16, device=torch.device("cpu"))
     cache = KVCache(layout, 1 << 30, max_rows=16, max_tokens=4096)
@@ -88,7 +88,6 @@ def test_a_freed_cache_goes_back_to_the_os():
     before = process.memory_info().rss
     cache.reserve(16, 512)
     cache.add_row()
-    assert cache.keys[0].nbytes < 32 * 2**20 < cache.bytes
     held = process.memory_info().rss
     assert held - before > 0.9 * cache.bytes
     cache.lengths.clear()
