@@ -9,8 +9,9 @@ Weight pushes use the RL routes vLLM's own server defines (`VLLM_SERVER_DEV_MODE
 weight-transfer backends need a GPU), `/update_weight_version`, `/reset_prefix_cache` (a reload does not
 drop KV computed with the old weights), `POST /resume`. With pause mode `abort` (the default) in-flight
 requests come back `finish_reason: abort` with their partial tokens and are resubmitted here with those
-tokens appended, so every token keeps the version that produced it; `keep` freezes them in place (their
-KV stays from the old weights) and `wait` lets them finish first.
+tokens appended, so every token keeps the version that produced it; `keep` freezes them in place (the
+pause resets vLLM's caches, so they recompute their KV under the new weights on resume and go on without being
+resubmitted) and `wait` lets them finish first.
 """
 
 from __future__ import annotations
@@ -272,6 +273,9 @@ class VLLMEngine(InferenceEngine):
     async def _submit(self, request_id: str, token_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         """One /inference/v1/generate call: its tokens, logprobs, per-token versions and finish reason."""
         body = {"request_id": request_id, "token_ids": list(token_ids), "sampling_params": vllm_sampling(sampling)}
+        # a token labelled "default" (the server's weights before any push) or not labelled at all was sampled by the
+        # weights live when it was submitted: a push finishing during the call must not relabel it
+        submitted_version = self.version
         payload = await self._post("/inference/v1/generate", body)
         try:
             choice = payload["choices"][0]
@@ -287,7 +291,7 @@ class VLLMEngine(InferenceEngine):
                 f"vLLM returned {len(ids)} tokens but {len(logprobs)} logprobs",
                 hint="the server must run with --logprobs-mode processed_logprobs and honour logprobs: 0",
             )
-        versions = span_versions({"weight_versions": choice.get("weight_versions")}, len(ids), self.version)
+        versions = span_versions({"weight_versions": choice.get("weight_versions")}, len(ids), submitted_version)
         return GenerateResult(ids, logprobs, _finish_reason(choice.get("finish_reason")), token_versions=versions)
 
     async def abort(self, rid: str | None = None) -> None:

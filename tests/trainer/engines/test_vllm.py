@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -20,7 +21,7 @@ import torch
 import envhub
 from envhub.chat_tokens import ChatTokens
 from envhub.errors import EngineError
-from envhub.inference import SamplingParams
+from envhub.inference import GenerateResult, SamplingParams
 from envhub.trainer.config import RolloutConfig
 from envhub.trainer.engines.local import LocalEngine
 from envhub.trainer.engines.vllm import VLLMEngine
@@ -107,6 +108,10 @@ async def test_finish_reasons_and_seeds(vllm, tokenizer):
     assert again[0].output_ids == again[1].output_ids == again[2].output_ids
 
 
+PROBE = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+ATTEMPTS = 5
+
+
 async def server_metric(url: str, name: str) -> float:
     """One of vLLM's Prometheus metrics, summed over its label sets."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as response:
@@ -114,20 +119,69 @@ async def server_metric(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-async def generated_tokens(url: str) -> float:
-    """The server's count of generated tokens so far."""
-    return await server_metric(url, "vllm:generation_tokens_total")
+async def decoding(running: list[asyncio.Task], url: str, probe: VLLMEngine, tokenizer) -> bool:
+    """Wait until the server decodes the `running` generations; False when one ended first.
+
+    Two signals, whichever comes first: the server's count of generated tokens grew by 8 since the call, or two
+    8-token probes through `probe` came back one after the other (the second was queued behind `running` and
+    returned after >= 8 decode steps with them in the batch: vLLM serves first come, first served). Each alone
+    failed here: on this 2-core machine vLLM's engine core spins on both cores and its API server falls behind it
+    now and then, admitting a new request after up to 5.7 s (seen with LONG tokens running) and updating its metrics
+    seconds late (a wait on the metrics alone never ended in CI)."""
+    before = await server_metric(url, "vllm:generation_tokens_total")
+
+    async def probes() -> None:
+        for _ in range(2):
+            await probe.generate(chat_prompt(tokenizer, "Hi"), PROBE)
+
+    probing = asyncio.create_task(probes())
+    try:
+        while not probing.done() and await server_metric(url, "vllm:generation_tokens_total") < before + 8:
+            if any(task.done() for task in running):
+                return False
+            await asyncio.sleep(0.01)
+    finally:
+        probing.cancel()
+        await asyncio.gather(probing, return_exceptions=True)
+    return not any(task.done() for task in running)
 
 
-async def until_generating(url: str, before: float, at_least: int = 8, requests: int = 1) -> None:
-    """Wait until `requests` requests are running on the server and it has generated `at_least` tokens since
-    `before`: a push then lands mid-generation, however fast the machine (a fixed sleep let LONG tokens finish first
-    on a quiet one)."""
-    while (
-        await server_metric(url, "vllm:num_requests_running") < requests
-        or await generated_tokens(url) < before + at_least
-    ):
-        await asyncio.sleep(0.01)
+async def interrupted_generations(
+    engine: VLLMEngine,
+    prompt: list[int],
+    interrupt: Callable[[], Awaitable[None]],
+    landed: Callable[[GenerateResult], bool],
+    *,
+    probe: VLLMEngine,
+    tokenizer,
+    count: int = 1,
+    rid: str | None = None,
+    undo: Callable[[], Awaitable[None]] | None = None,
+) -> list[GenerateResult]:
+    """`count` LONG generations of `prompt` on `engine`, interrupted by `interrupt()` once the server decodes them
+    (`decoding`). The server's lag can still let LONG tokens finish before the interrupt lands: an attempt where a
+    generation ended first (not `landed(result)`) is undone by `undo()` and made again, ATTEMPTS times at most."""
+    sampling = SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True)
+    for _ in range(ATTEMPTS):
+        running = [asyncio.create_task(engine.generate(prompt, sampling, rid=rid)) for _ in range(count)]
+        if not await decoding(running, engine.url, probe, tokenizer):
+            await asyncio.gather(*running)
+            continue
+        await interrupt()
+        results = await asyncio.gather(*running)
+        if all(landed(result) for result in results):
+            return results
+        if undo is not None:
+            await undo()
+    pytest.fail(f"{LONG} tokens were generated before the interrupt landed, {ATTEMPTS} times")
+
+
+async def relabel(url: str, label: str) -> None:
+    """Set the server's weight-version label, as a push does."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.post(url + "/update_weight_version", json={"new_version": label}) as response:
+            assert response.status == 200, await response.text()
 
 
 async def current_version(engine: VLLMEngine) -> int:
@@ -136,11 +190,17 @@ async def current_version(engine: VLLMEngine) -> int:
     return int(label) if label.isdigit() else 0
 
 
-def versions_are_a_step(versions: list[int], old: int, new: int) -> int:
-    """The index where `versions` switches from `old` to `new` (asserting that shape)."""
-    switch = versions.index(new)
-    assert switch > 0 and versions == [old] * switch + [new] * (len(versions) - switch)
-    return switch
+def sampled_across_the_push(result, prompt, old: int, before_push, after_push, recomputed_logprobs) -> None:
+    """`result` ran its LONG tokens; its versions step once from `old` to `old + 1`, after at least one token; each
+    token's logprob is the weights' of its version over the whole context (`before_push`, then `after_push`)."""
+    assert result.finish_reason == "length" and len(result.output_ids) == LONG
+    versions, new = result.token_versions, old + 1
+    switch = versions.index(new) if new in versions else len(versions)
+    assert 0 < switch < LONG and versions == [old] * switch + [new] * (LONG - switch), (old, versions[:3], switch)
+    before = recomputed_logprobs(before_push, prompt, result.output_ids)
+    after = recomputed_logprobs(after_push, prompt, result.output_ids)
+    assert max_diff(result.logprobs[:switch], before[:switch]) < LOGPROB_TOL
+    assert max_diff(result.logprobs[switch:], after[switch:]) < LOGPROB_TOL
 
 
 async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
@@ -151,22 +211,29 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
     # 0.5-7.7 s here, long enough for LONG tokens to finish first; the push is then pause -> reload -> resume
     weights = write_safetensors(other.state_dict())
     prompt = chat_prompt(tokenizer, "Hello there")
-    sampling = SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True)
     old = await current_version(vllm)
-    before = await generated_tokens(vllm.url)
-    running = [asyncio.create_task(vllm.generate(prompt, sampling)) for _ in range(3)]
-    await until_generating(vllm.url, before, at_least=3 * 8, requests=3)
-    await vllm.update_weights(str(weights), version=old + 1)  # pause(abort) -> reload -> relabel -> resume
+
+    async def push() -> None:  # pause(abort) -> reload -> relabel -> resume
+        await vllm.update_weights(str(weights), version=old + 1)
+
+    async def restore() -> None:
+        await vllm.update_weights(served_model.state_dict(), version=old)
+
     try:
-        for result in await asyncio.gather(*running):
-            assert result.finish_reason == "length" and len(result.output_ids) == LONG
+        results = await interrupted_generations(
+            vllm,
+            prompt,
+            push,
+            lambda r: {old, old + 1} <= set(r.token_versions),
+            count=3,
+            undo=restore,
+            probe=vllm,
+            tokenizer=tokenizer,
+        )
+        for result in results:
             assert result.meta["resubmits"] == 1
-            switch = versions_are_a_step(result.token_versions, old, old + 1)
-            before = recomputed_logprobs(served_model, prompt, result.output_ids)
-            after = recomputed_logprobs(other, prompt, result.output_ids)
             # tokens before the push were sampled by the old weights, the rest by the new ones (prefix cache reset)
-            assert max_diff(result.logprobs[:switch], before[:switch]) < LOGPROB_TOL
-            assert max_diff(result.logprobs[switch:], after[switch:]) < LOGPROB_TOL
+            sampled_across_the_push(result, prompt, old, served_model, other, recomputed_logprobs)
         timing = vllm.pushes[-1]
         assert timing.version == old + 1 and 0 < timing.paused_s <= timing.total_s
         assert await current_version(vllm) == old + 1
@@ -180,36 +247,49 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
     await ours.close()
 
 
-async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model, tokenizer):
+async def test_push_in_keep_mode_continues_requests_in_place(vllm, served_model, tokenizer, recomputed_logprobs):
     keep = VLLMEngine(vllm.url, pause_mode="in_place", api_key=KEY)
+    other = tiny_llama(tokenizer, seed=5, num_heads=TINY_HEADS)
     prompt = chat_prompt(tokenizer, "What is 7+5? Answer briefly.")
-    weights = write_safetensors(served_model.state_dict())  # before generating: see the push test above
+    weights = write_safetensors(other.state_dict())  # before generating: see the push test above
+
+    async def push() -> None:  # pause(keep) -> reload -> relabel -> resume
+        await keep.update_weights(str(weights), version=1)
+
+    async def restore() -> None:
+        # as on a fresh server: tokens labelled "default" carry the version the client had when it submitted them
+        # (0), not the one it has when the answer arrives after its push
+        await keep.update_weights(served_model.state_dict(), version=0)
+        await relabel(vllm.url, "default")
+
     try:
-        before = await generated_tokens(keep.url)
-        running = asyncio.create_task(
-            keep.generate(prompt, SamplingParams(max_new_tokens=LONG, temperature=1.0, ignore_eos=True))
+        await restore()
+        assert await current_version(keep) == keep.version == 0
+        (result,) = await interrupted_generations(
+            keep, prompt, push, lambda r: {0, 1} <= set(r.token_versions), undo=restore, probe=vllm, tokenizer=tokenizer
         )
-        old = await current_version(keep)
-        await until_generating(keep.url, before)
-        await keep.update_weights(str(weights), version=old + 1)  # the same weights, a new label
-        result = await running
-        assert result.meta["resubmits"] == 0 and result.finish_reason == "length"
-        versions_are_a_step(result.token_versions, old, old + 1)
+        assert result.meta["resubmits"] == 0
+        # frozen, not aborted: vLLM's pause resets its caches, so the request recomputes its KV under the new
+        # weights on resume and every token after the push is the new model's over the whole context
+        sampled_across_the_push(result, prompt, 0, served_model, other, recomputed_logprobs)
     finally:
         shutil.rmtree(weights, ignore_errors=True)
+        await restore()  # later tests expect these weights
         await keep.close()
 
 
 async def test_user_abort_returns_partial_tokens_and_is_not_resubmitted(vllm, tokenizer):
     prompt = chat_prompt(tokenizer, "Hello there")
-    before = await generated_tokens(vllm.url)
-    running = asyncio.create_task(
-        vllm.generate(prompt, SamplingParams(max_new_tokens=LONG, ignore_eos=True), rid="job-1")
+    (result,) = await interrupted_generations(
+        vllm,
+        prompt,
+        lambda: vllm.abort("job-1"),
+        lambda r: r.finish_reason == "abort" and len(r.output_ids) > 0,
+        rid="job-1",
+        probe=vllm,
+        tokenizer=tokenizer,
     )
-    await until_generating(vllm.url, before)
-    await vllm.abort("job-1")
-    result = await running
-    assert result.finish_reason == "abort" and result.meta["resubmits"] == 0
+    assert result.meta["resubmits"] == 0
     assert 0 < len(result.output_ids) < LONG and len(result.logprobs) == len(result.output_ids)
 
 
