@@ -20,22 +20,7 @@ from typing import Any
 import torch
 
 from envhub.trainer.engines.model_runner import ModelRunner
-
-BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def batch_bucket(rows: int, max_rows: int) -> int:
-    """The smallest bucket holding `rows` rows (never more than `max_rows`, which is always a bucket itself)."""
-    if rows < 1 or rows > max_rows:
-        raise ValueError(f"{rows} rows is outside 1..{max_rows}")
-    return min([b for b in BATCH_BUCKETS if b >= rows] + [max_rows])
-
-
-def width_bucket(width: int, capacity: int, step: int = 256) -> int:
-    """Keys read per row: `width` rounded up to a multiple of `step`, at most the cache's capacity."""
-    if width < 1 or width > capacity:
-        raise ValueError(f"key width {width} is outside 1..{capacity}")
-    return min(-(-width // step) * step, capacity)
+from envhub.trainer.engines.shapes import batch_bucket, width_bucket
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from envhub.errors import EngineError
+from envhub.trainer.engines.shapes import round_up
 
 RowKV = list[
     tuple[torch.Tensor, torch.Tensor]
@@ -42,10 +43,6 @@ class KVLayout:
     def bytes_per_token(self) -> int:
         """Bytes of keys and values one token takes over all layers."""
         return self.layers * 2 * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
-
-
-def _round_up(value: int, step: int) -> int:
-    return -(-value // step) * step
 
 
 class KVCache:
@@ -113,8 +110,8 @@ class KVCache:
             )
         if self.static or (rows <= self.slots and tokens <= self.capacity):
             return
-        slots = max(rows, min(_round_up(rows, 8), self.max_rows))
-        capacity = max(tokens, min(_round_up(tokens, 128), self.tokens_per_row(slots), self.max_tokens))
+        slots = max(rows, min(round_up(rows, 8), self.max_rows))
+        capacity = max(tokens, min(round_up(tokens, 128), self.tokens_per_row(slots), self.max_tokens))
         if (slots + 1) * capacity * self.layout.bytes_per_token > self.max_bytes:
             slots, capacity = rows, tokens  # the rounded-up shape is over budget: the exact one is not
         self._allocate(max(slots, self.slots), max(capacity, self.capacity))

@@ -19,24 +19,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from envhub.errors import EngineError
 from envhub.trainer.engines.kv_cache import KVCache, KVLayout
+from envhub.trainer.engines.shapes import projection_rows, round_up
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def projection_rows(tokens: int) -> int:
-    """Rows the projections of a `tokens`-token CPU prefill step run on: rounded up to one of ~4 sizes an octave
-    (at least 64; at most 25% padding), so a run meets few matmul shapes.
-
-    oneDNN keeps a primitive per GEMM shape (up to 1024), each with a packed copy of its weight (~1 MB for
-    SmolLM2's): a multi-turn run, whose prefill steps are rows x widths of ever-changing sizes, grew its RSS by ~1 GB
-    that way (a loop of 3,000 random shapes: +0.9 GB at glibc's 64 KiB mmap threshold, +2.2 GB at 32 MiB).
-    The CPU attention kernel does the same per (query, key) width: `prefill` pads those to multiples of 32 / 64
-    (3,000 random shape pairs: +0.8 GB).
-    """
-    if tokens <= 64:
-        return 64
-    step = 1 << (tokens.bit_length() - 3)
-    return -(-tokens // step) * step
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -107,7 +92,7 @@ class ModelRunner:
         cache, device = self.cache, self.device
         rows, width = len(pieces), max(len(p) for p in pieces)
         if self.pad_projections:  # few attention shapes too: the CPU flash kernel caches GEMM kernels per shape
-            width = -(-width // 32) * 32
+            width = round_up(width, 32)
         ids = torch.full((rows, width), pad_id, dtype=torch.long)
         for row, piece in enumerate(pieces):
             ids[row, : len(piece)] = torch.tensor(piece, dtype=torch.long)
@@ -121,7 +106,7 @@ class ModelRunner:
         write_positions = torch.where(real, positions, 0)
         extent = int((starts + counts).max())
         if self.pad_projections:
-            extent = min(-(-extent // 64) * 64, cache.capacity)  # keys past a row's tokens are finite and masked
+            extent = min(round_up(extent, 64), cache.capacity)  # keys past a row's tokens are finite and masked
         mask = torch.arange(extent)[None, None, :] <= positions[:, :, None]  # causal over each row's own tokens
         logits = self.forward(
             ids.to(device),

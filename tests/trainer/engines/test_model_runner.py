@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from envhub.errors import EngineError
-from envhub.trainer.engines.decode_step import DecodeStep, StaticInputs, batch_bucket, width_bucket
+from envhub.trainer.engines.decode_step import DecodeStep, StaticInputs
 from envhub.trainer.engines.kv_cache import KVCache
 from envhub.trainer.engines.model_runner import ModelRunner, kv_layout
+from envhub.trainer.engines.shapes import batch_bucket, projection_rows, width_bucket
 
 torch = pytest.importorskip("torch")
 
@@ -102,7 +103,6 @@ def test_the_cuda_attention_path_folded_decode_and_expanded_prefill_equals_the_g
 
 
 def test_cpu_prefill_projections_run_on_few_shapes_with_at_most_a_quarter_of_padding():
-    from envhub.trainer.engines.model_runner import projection_rows
 
     sizes = [projection_rows(n) for n in range(1, 8193)]
     assert all(size >= n for n, size in enumerate(sizes, start=1))
