@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import os
+import resource
 import shlex
 import tempfile
 import time
@@ -210,8 +211,9 @@ async def measure(
 
     `pipeline_*` leave the start-up out: from the first episode's start to the last step's end."""
     with _run_dir(Path(keep) if keep is not None else None, mode) as out, _pinned(WORKLOADS[workload].trainer_cpus):
-        started = time.time()
+        started, cpu_before = time.time(), cpu_times()
         result = await Trainer(_config(mode, out, steps, seed, workload, env_kwargs)).run()
+        cpu = cpu_used(cpu_before, cpu_times())
         first_episode = _first_episode_start(Path(out))
     rows = result.history
     wall = rows[-1]["elapsed_s"]
@@ -230,6 +232,29 @@ async def measure(
         "model_tokens_per_s": round(tokens / wall, 1),
         "learner_busy_s": round(learner_busy, 2),
         "mean_staleness": round(sum(r["staleness"] for r in rows) / len(rows), 2),
+        **cpu,
+    }
+
+
+def cpu_times() -> tuple[float, float, float]:
+    """(wall s, this process's CPU s, the machine's busy CPU s summed over its CPUs) now."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with open("/proc/stat") as stat:  # "cpu  user nice system idle iowait irq softirq steal ..." in clock ticks
+        ticks = [int(v) for v in stat.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return time.monotonic(), usage.ru_utime + usage.ru_stime, (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_used(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
+    """Where the CPUs went between two `cpu_times()`: the trainer process (engine, learner, event loop) and the whole
+    machine (sandboxes, dockerd and anything else running); `machine_busy` is the share of all CPUs kept busy. A
+    mode that already keeps the machine busy has little for async to overlap."""
+    wall, process, machine = (b - a for a, b in zip(before, after))
+    cpus = os.cpu_count() or 1
+    return {
+        "trainer_cpu_s": round(process, 2),
+        "machine_cpu_s": round(machine, 2),
+        "machine_busy": round(machine / (wall * cpus), 3) if wall > 0 else 0.0,
     }
 
 
@@ -258,11 +283,15 @@ def compare(workload: str, steps: int, seed: int = 0, keep: str | Path | None = 
 
 def print_table(report: dict[str, Any]) -> None:
     """The two modes side by side."""
-    print(f"{'mode':<6} {'wall s':>8} {'start s':>8} {'episodes/s':>11} {'tokens/s':>9} {'learner s':>10} {'stale':>6}")
+    print(
+        f"{'mode':<6} {'wall s':>8} {'start s':>8} {'episodes/s':>11} {'tokens/s':>9} {'learner s':>10} {'stale':>6} "
+        f"{'CPUs busy':>10}"
+    )
     for r in (report["sync"], report["async"]):
         print(
             f"{r['mode']:<6} {r['wall_s']:>8} {r['startup_s']:>8} {r['episodes_per_s']:>11} "
-            f"{r['model_tokens_per_s']:>9} {r['learner_busy_s']:>10} {r['mean_staleness']:>6}"
+            f"{r['model_tokens_per_s']:>9} {r['learner_busy_s']:>10} {r['mean_staleness']:>6} "
+            f"{r['machine_busy']:>10.0%}"
         )
     print(
         f"speedup (async / sync episodes per second): {report['speedup']}x; "
