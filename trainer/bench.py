@@ -17,7 +17,6 @@ import asyncio
 import json
 import math
 import os
-import resource
 import shlex
 import tempfile
 import time
@@ -33,6 +32,7 @@ from envhub.errors import ConfigError
 from envhub.toolcalls import ToolCall
 from envhub.toolenv import SandboxSpec
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.train import Trainer
 
 BENCH_ENV = "SlowLetters-v0"
@@ -233,28 +233,6 @@ async def measure(
         "learner_busy_s": round(learner_busy, 2),
         "mean_staleness": round(sum(r["staleness"] for r in rows) / len(rows), 2),
         **cpu,
-    }
-
-
-def cpu_times() -> tuple[float, float, float]:
-    """(wall s, this process's CPU s, the machine's busy CPU s summed over its CPUs) now."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    with open("/proc/stat") as stat:  # "cpu  user nice system idle iowait irq softirq steal ..." in clock ticks
-        ticks = [int(v) for v in stat.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]
-    return time.monotonic(), usage.ru_utime + usage.ru_stime, (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_used(before: tuple[float, float, float], after: tuple[float, float, float]) -> dict[str, float]:
-    """Where the CPUs went between two `cpu_times()`: the trainer process (engine, learner, event loop) and the whole
-    machine (sandboxes, dockerd and anything else running); `machine_busy` is the share of all CPUs kept busy. A
-    mode that already keeps the machine busy has little for async to overlap."""
-    wall, process, machine = (b - a for a, b in zip(before, after))
-    cpus = os.cpu_count() or 1
-    return {
-        "trainer_cpu_s": round(process, 2),
-        "machine_cpu_s": round(machine, 2),
-        "machine_busy": round(machine / (wall * cpus), 3) if wall > 0 else 0.0,
     }
 
 

@@ -23,6 +23,7 @@ import torch
 
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
+from envhub.trainer.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.engine_watch import WatchedEngine
 from envhub.trainer.engines.compute_thread import releasing_openmp
 from envhub.trainer.engines.weights import load_state
@@ -125,6 +126,7 @@ class _Run:
     final_state: dict[str, torch.Tensor] | None = None
     save_attempted: int = -1  # the step of the last save begun (a failed one is not tried again on the way out)
     save_error: CheckpointError | None = None  # the last save, on the way out, could not be written
+    cpu_start: tuple[float, float, float] = field(default_factory=cpu_times)  # rows count CPU from here on
 
 
 class Trainer:
@@ -412,6 +414,7 @@ class Trainer:
             "step_s": step_s,
             "elapsed_s": time.monotonic() - run.started,
             "time": time.time(),  # wall clock, as in episodes.jsonl: time - elapsed_s is when the run started
+            **cpu_used(run.cpu_start, cpu_times()),  # since the run was prepared: the trainer's and the machine's
             **run.errors.metrics(),
             **(self.engine.metrics() if isinstance(self.engine, WatchedEngine) else {}),
             "tasks": run.recorder.task_metrics(),

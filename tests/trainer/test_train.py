@@ -39,6 +39,9 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     assert (first.first_step, first.last_step, first.interrupted) == (0, 2, False)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward/Letters-v0"] <= 1.0 for r in rows)
+    # where the CPUs went since the run was prepared: counters that only grow, the machine's holding the trainer's
+    assert 0 < rows[0]["trainer_cpu_s"] <= rows[1]["trainer_cpu_s"] <= rows[1]["machine_cpu_s"] + 0.05
+    assert rows[0]["machine_cpu_s"] <= rows[1]["machine_cpu_s"] and all(0 < r["machine_busy"] <= 1.05 for r in rows)
     assert (tmp_path / "reward_curve.png").stat().st_size > 1000 and list((tmp_path / "tb").iterdir())
     ckpt = latest_checkpoint(tmp_path)
     assert ckpt.step == 2 and (ckpt.path / "model.safetensors").exists() and (ckpt.path / "optimizer.pt").exists()

@@ -1,11 +1,11 @@
-"""`envhub bench async`'s CPU accounting: where the CPUs went during a run."""
+"""CPU accounting: where the CPUs went during a run (metrics rows, `envhub bench async`)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from envhub.trainer.bench import cpu_times, cpu_used
+from envhub.trainer.cpu_usage import cpu_times, cpu_used
 
 
 def test_cpu_accounting_counts_this_process_within_the_machine():
