@@ -28,6 +28,7 @@ def cpu_used(before: tuple[float, float, float], after: tuple[float, float, floa
     wall, process, machine = (b - a for a, b in zip(before, after))
     cpus = os.cpu_count() or 1
     return {
+        "cpus": cpus,
         "trainer_cpu_s": round(process, 2),
         "machine_cpu_s": round(machine, 2),
         "machine_busy": round(machine / (wall * cpus), 3) if wall > 0 else 0.0,

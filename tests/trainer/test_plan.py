@@ -10,9 +10,17 @@ import pytest
 
 from envhub.errors import ConfigError
 from envhub.trainer.plan.config import PlanConfig
-from envhub.trainer.plan.model import EngineModel, EnvModel, EpisodeTrace, LearnerModel, PipelineModel, fit_model
+from envhub.trainer.plan.model import (
+    CpuModel,
+    EngineModel,
+    EnvModel,
+    EpisodeTrace,
+    LearnerModel,
+    PipelineModel,
+    fit_model,
+)
 from envhub.trainer.plan.record import read_run
-from envhub.trainer.plan.report import measured, plan_report, record_config
+from envhub.trainer.plan.report import bounds, measured, plan_report, predict, record_config
 from envhub.trainer.plan.simulate import simulate
 
 
@@ -52,6 +60,23 @@ def test_async_is_bounded_by_the_slowest_stage_and_never_slower_than_sync():
     sync = simulate(model, replace(config, mode="sync"))
     assert result.episodes_per_s > sync.episodes_per_s
     assert 0 < result.mean_staleness <= config.max_staleness + 1 and sync.mean_staleness == 0
+
+
+def test_cpu_work_the_machine_has_no_cores_for_bounds_the_prediction():
+    # env calls of 1 s overlap freely in the simulation; with 0.5 CPU s an episode on 2 CPUs, 4 episodes/s at most
+    model = replace(pipeline(gen_steps=1, step_s=0.001, env_s=1.0, learn_s=0.01), shared="all")
+    config = PlanConfig(mode="async", max_staleness=2, steps=20, groups_per_step=2, concurrent_groups=8)
+    free = predict(model, config, trials=2)
+    assert "limited_by" not in free and free["episodes_per_s"] > 5.0
+    bound = predict(replace(model, cpu=CpuModel(cpus=2, machine_s=0.5, trainer_s=0.1)), config, trials=2)
+    assert bound["limited_by"] == "cpus" and bound["episodes_per_s"] == 4.0 == bound["cpu_bound_episodes_per_s"]
+    assert bound["simulated_episodes_per_s"] == free["episodes_per_s"]
+    assert bound["pipeline_s"] == pytest.approx(free["pipeline_s"] * free["episodes_per_s"] / 4.0, rel=1e-3)
+    assert bound["learner_steps_per_s"] == pytest.approx(free["learner_steps_per_s"] * 4.0 / free["episodes_per_s"])
+    assert bounds(replace(model, cpu=CpuModel(2, 0.5, 0.1)), config, group_s=1.0)["cpus"] == 4.0
+    # a machine with cores to spare leaves the simulation alone
+    spare = predict(replace(model, cpu=CpuModel(cpus=2, machine_s=0.01, trainer_s=0.01)), config, trials=2)
+    assert "limited_by" not in spare and spare["episodes_per_s"] == free["episodes_per_s"]
 
 
 def test_async_with_a_slow_rollout_is_bounded_by_groups_in_flight():
@@ -173,8 +198,11 @@ def test_a_real_run_record_reads_back_and_replays(tiny_run):
         kinds = [s.kind for s in e.spans]
         assert kinds[0] == "reset" and kinds.count("generate") == len(e.turns) and kinds[-1] == "final"
         assert all(a.end <= b.start + 1e-3 for a, b in zip(e.spans, e.spans[1:]))  # stages in order, no overlap
+    # each row's CPU accounting: counters that only grow; an episode's CPU work from the first row to the last
+    assert len(record.cpu) == 2 and record.cpu[0].machine_s <= record.cpu[1].machine_s and record.cpu[0].cpus >= 1
     model = fit_model(record)
     assert model.shared == "all" and model.engine.t0 > 0 and model.learner.step_s(1000) > 0
+    assert model.cpu is not None and 0 < model.cpu.trainer_s <= model.cpu.machine_s + 0.05
     report = plan_report(record, model, record_config(record, mode="async"), trials=2)
     assert report["run"]["episodes_per_s"] == measured(record)["episodes_per_s"] > 0
     assert report["prediction"]["episodes_per_s"] > 0 and report["replay"]["mean_staleness"] == 0

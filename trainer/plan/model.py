@@ -81,6 +81,23 @@ class LearnerModel:
 
 
 @dataclass(frozen=True)
+class CpuModel:
+    """The machine's CPU work per episode, from the run's CPU accounting (runs on one machine, `shared` all).
+
+    The stage models are times, and a stage that waits (a remote call, a sleep) costs no CPU while one that works
+    (a `docker exec`, a grader, the learner) does: the simulation cannot tell them apart, so a pipeline that keeps
+    the machine's CPUs busy is bounded here: at most `cpus / machine_s` episodes a second, however it overlaps."""
+
+    cpus: int
+    machine_s: float  # every CPU second of the machine per finished episode (trainer, sandboxes, dockerd, others)
+    trainer_s: float  # of which the trainer process's (engine, learner, event loop)
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.cpus / self.machine_s if self.machine_s > 0 else float("inf")
+
+
+@dataclass(frozen=True)
 class PoolModel:
     """A sandbox pool per env host: `spares` kept warm, each created in a time drawn from the record's."""
 
@@ -114,6 +131,7 @@ class PipelineModel:
     failed: float  # share of finished groups that failed
     shared: Shared
     notes: list[str] = field(default_factory=list)
+    cpu: CpuModel | None = None  # None: the record has no CPU accounting, or the stages are not on one machine
 
 
 def fit_model(record: RunRecord, shared: Shared | None = None) -> PipelineModel:
@@ -141,7 +159,26 @@ def fit_model(record: RunRecord, shared: Shared | None = None) -> PipelineModel:
         failed=outcomes.count("failed") / len(outcomes) if outcomes else 0.0,
         shared=shared,
         notes=notes,
+        cpu=fit_cpu(record) if shared == "all" else None,
     )
+
+
+def fit_cpu(record: RunRecord) -> CpuModel | None:
+    """CPU seconds per episode between the first and the last metrics row (start-up left out): the machine's and the
+    trainer process's, from the rows' cumulative accounting."""
+    if len(record.cpu) < 2:
+        return None
+    first, last = record.cpu[0], record.cpu[-1]
+    episodes = sum(1 for e in record.episodes if first.time < _end(e) <= last.time)
+    if episodes == 0 or last.machine_s <= first.machine_s:
+        return None
+    return CpuModel(
+        last.cpus, (last.machine_s - first.machine_s) / episodes, (last.trainer_s - first.trainer_s) / episodes
+    )
+
+
+def _end(episode: Episode) -> float:
+    return max((s.end for s in episode.spans), default=0.0)
 
 
 def default_shared(record: RunRecord) -> Shared:

@@ -80,6 +80,16 @@ class Step:
     start: float  # on the run's clock
 
 
+@dataclass(frozen=True)
+class CpuSample:
+    """Where the CPUs went from the run's preparation until one metrics row (cumulative CPU seconds)."""
+
+    time: float  # on the run's clock
+    trainer_s: float  # the trainer process: engine (embedded), learner, event loop
+    machine_s: float  # every CPU of the machine: the trainer, sandboxes, dockerd, anything else
+    cpus: int
+
+
 @dataclass
 class RunRecord:
     """Everything `envhub plan` reads from one run directory."""
@@ -91,6 +101,7 @@ class RunRecord:
     startup_s: float  # run start to the first episode's start
     wall_s: float  # run start to the last step's metrics row
     pool: dict[str, float] = field(default_factory=dict)  # sandbox pool metrics of the last row (may be empty)
+    cpu: list[CpuSample] = field(default_factory=list)  # one per metrics row that counted CPUs (runs since 11-25)
 
     @property
     def episodes(self) -> list[Episode]:
@@ -149,7 +160,19 @@ def read_run(run_dir: str | Path) -> RunRecord:
         startup_s=max(first, 0.0),
         wall_s=rows[-1]["elapsed_s"],
         pool=_pool_metrics(rows[-1]),
+        cpu=_cpu_samples(rows, run_start),
     )
+
+
+def _cpu_samples(rows: list[dict[str, Any]], run_start: float) -> list[CpuSample]:
+    """The rows' CPU accounting, when every row has it (a run recorded before it has none)."""
+    keys = ("trainer_cpu_s", "machine_cpu_s", "cpus")
+    if not all(_number(r.get(k)) for r in rows for k in keys):
+        return []
+    return [
+        CpuSample(r["time"] - run_start, float(r["trainer_cpu_s"]), float(r["machine_cpu_s"]), int(r["cpus"]))
+        for r in rows
+    ]
 
 
 def _metric_rows(path: Path) -> list[dict[str, Any]]:

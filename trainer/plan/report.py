@@ -48,7 +48,31 @@ def measured(record: RunRecord) -> dict[str, float]:
 def predict(model: PipelineModel, config: PlanConfig, trials: int = 5, startup_s: float = 0.0) -> dict[str, Any]:
     """Mean (and spread over `trials` seeds) of what the simulation predicts for `config`."""
     runs = [simulate(model, replace(config, seed=config.seed + i)) for i in range(trials)]
-    return summarize(runs, startup_s)
+    return cpu_capped(summarize(runs, startup_s), model, startup_s)
+
+
+def cpu_capped(summary: dict[str, Any], model: PipelineModel, startup_s: float = 0.0) -> dict[str, Any]:
+    """The simulated throughput, bounded by the machine's CPUs when the record says how much CPU an episode takes
+    (`CpuModel`): a simulation that overlaps CPU work the machine has no cores for is slowed to the bound, and
+    `limited_by` says so."""
+    if model.cpu is None:
+        return summary
+    bound = model.cpu.episodes_per_s
+    summary["cpu_bound_episodes_per_s"] = round(bound, 4)
+    simulated = summary["episodes_per_s"]
+    if simulated <= bound:
+        return summary
+    scale = bound / simulated
+    pipeline = summary["pipeline_s"] / scale
+    return summary | {
+        "episodes_per_s": round(bound, 4),
+        "episodes_per_s_spread": round(summary["episodes_per_s_spread"] * scale, 4),
+        "learner_steps_per_s": round(summary["learner_steps_per_s"] * scale, 4),
+        "pipeline_s": round(pipeline, 3),
+        "wall_s": round(startup_s + pipeline, 3),
+        "simulated_episodes_per_s": simulated,
+        "limited_by": "cpus",
+    }
 
 
 def summarize(runs: list[SimResult], startup_s: float = 0.0) -> dict[str, Any]:
@@ -118,6 +142,8 @@ def bounds(model: PipelineModel, config: PlanConfig, group_s: float) -> dict[str
         ),
         "in_flight_groups": round(in_flight * config.group_size / group_s, 4) if group_s > 0 else float("inf"),
     }
+    if model.cpu is not None:
+        out["cpus"] = round(model.cpu.episodes_per_s, 4)  # the machine's CPUs over the CPU work of an episode
     if config.env_slots:
         env_s = statistics.fmean(t.reset_work + sum(w for _, w in t.turns) + t.close_s for t in traces)
         out["env_hosts"] = round(config.env_hosts * config.env_slots / env_s, 4) if env_s > 0 else float("inf")
@@ -135,6 +161,7 @@ def model_summary(model: PipelineModel) -> dict[str, Any]:
         "sandbox_pool": None
         if pool is None
         else {"spares": pool.spares, "create_s_mean": round(statistics.fmean(pool.create_s), 4)},
+        "cpu": None if model.cpu is None else asdict(model.cpu),
         "groups_recorded": len(model.groups),
         "filtered": round(model.filtered, 4),
         "failed": round(model.failed, 4),
@@ -178,6 +205,11 @@ def table(report: dict[str, Any]) -> str:
         )
     b = report["bounds_episodes_per_s"]
     lines.append("bounds (episodes/s): " + ", ".join(f"{k} {v}" for k, v in b.items()))
+    if pred.get("limited_by") == "cpus":
+        lines.append(
+            f"the machine's CPUs bound the prediction: {pred['simulated_episodes_per_s']} episodes/s simulated, "
+            f"at most {pred['episodes_per_s']} with {report['model']['cpu']['machine_s']:.3g} CPU s an episode"
+        )
     lines.append(
         f"predicted / recorded: {report['speedup_vs_record']}x (replay error {report['replay_error']:+.1%}); "
         f"predicted / replayed: {report['speedup_vs_replay']}x"
