@@ -64,7 +64,12 @@ def predict_ratio(run_dir: Path, trials: int) -> dict[str, Any]:
         "predicted": {record.mode: own, other: then},
         "bounds_async_episodes_per_s": bounds(model, record_config(record, mode="async"), sync_groups),
         "model_notes": model.notes,
-        "model": {"engine": vars(model.engine), "env": vars(model.env), "learner": vars(model.learner)},
+        "model": {
+            "engine": vars(model.engine),
+            "env": vars(model.env),
+            "learner": vars(model.learner),
+            "cpu": vars(model.cpu) if model.cpu else None,
+        },
     }
 
 

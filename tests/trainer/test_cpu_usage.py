@@ -22,4 +22,5 @@ def test_cpu_accounting_counts_this_process_within_the_machine():
 
 def test_no_time_is_no_share():
     now = cpu_times()
-    assert cpu_used(now, now) == {"cpus": os.cpu_count(), "trainer_cpu_s": 0.0, "machine_cpu_s": 0.0, "machine_busy": 0.0}
+    nothing = {"cpus": os.cpu_count(), "trainer_cpu_s": 0.0, "machine_cpu_s": 0.0, "machine_busy": 0.0}
+    assert cpu_used(now, now) == nothing
