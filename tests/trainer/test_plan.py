@@ -17,6 +17,7 @@ from envhub.trainer.plan.model import (
     EpisodeTrace,
     LearnerModel,
     PipelineModel,
+    fit_cpu,
     fit_model,
 )
 from envhub.trainer.plan.record import read_run
@@ -78,6 +79,19 @@ def test_cpu_work_the_machine_has_no_cores_for_bounds_the_prediction():
     # a machine with cores to spare leaves the simulation alone
     spare = predict(replace(model, cpu=CpuModel(cpus=2, machine_s=0.01, trainer_s=0.01)), config, trials=2)
     assert "limited_by" not in spare and spare["episodes_per_s"] == free["episodes_per_s"]
+
+
+def test_cpu_per_episode_comes_from_the_rows_since_the_last_restart(tiny_run):
+    record = read_run(tiny_run)
+    first, last = record.cpu
+    one = len([e for e in record.episodes if first.time < max(s.end for s in e.spans) <= last.time])
+    assert fit_cpu(record).machine_s == pytest.approx((last.machine_s - first.machine_s) / one)
+    # a resumed run's counters start again: the rows before the restart are not mixed in
+    before = replace(first, time=first.time - 1.0, machine_s=first.machine_s + 1e6)
+    restart = replace(first, machine_s=0.0, trainer_s=0.0)
+    resumed = replace(record, cpu=[before, restart, last])
+    assert fit_cpu(resumed).machine_s == pytest.approx(last.machine_s / one)
+    assert fit_cpu(replace(record, cpu=[last])) is None and fit_cpu(replace(record, cpu=[])) is None
 
 
 def test_async_with_a_slow_rollout_is_bounded_by_groups_in_flight():

@@ -165,10 +165,14 @@ def fit_model(record: RunRecord, shared: Shared | None = None) -> PipelineModel:
 
 def fit_cpu(record: RunRecord) -> CpuModel | None:
     """CPU seconds per episode between the first and the last metrics row (start-up left out): the machine's and the
-    trainer process's, from the rows' cumulative accounting."""
-    if len(record.cpu) < 2:
+    trainer process's, from the rows' cumulative accounting. A resumed run counts again from its own start: only the
+    rows since the last restart are used."""
+    samples = record.cpu
+    restarts = [i for i in range(1, len(samples)) if samples[i].machine_s < samples[i - 1].machine_s]
+    samples = samples[restarts[-1] :] if restarts else samples
+    if len(samples) < 2:
         return None
-    first, last = record.cpu[0], record.cpu[-1]
+    first, last = samples[0], samples[-1]
     episodes = sum(1 for e in record.episodes if first.time < _end(e) <= last.time)
     if episodes == 0 or last.machine_s <= first.machine_s:
         return None
