@@ -103,25 +103,6 @@ def stage_bound(run_dir: Path) -> dict[str, float]:
     }
 
 
-def cpu_bound(bench: dict[str, Any], predicted: float, measured_ratio: float) -> dict[str, Any]:
-    """What the sync run's CPU use allows async: with the same CPU work per episode, async can at most keep every CPU
-    busy, so its speedup is at most 1 / (the share of the machine's CPUs sync kept busy). The planner models env calls
-    as time, not CPU work; a sandboxed env whose Docker calls keep the cores busy is bound here, not by its stages.
-    (The share is over the whole run, start-up included; runs kept before the bench recorded CPUs have none.)"""
-    busy = bench["sync"].get("machine_busy")
-    if not busy:
-        return {}
-    at_most = 1 / busy
-    capped = min(predicted, at_most)
-    return {
-        "sync_machine_busy": busy,
-        "sync_trainer_cpu_share": round(bench["sync"]["trainer_cpu_s"] / max(bench["sync"]["machine_cpu_s"], 1e-9), 3),
-        "async_over_sync_at_most": round(at_most, 3),
-        "capped_prediction": round(capped, 3),
-        "capped_prediction_error": round(capped / measured_ratio - 1, 4),
-    }
-
-
 def check(workload: str, steps: int, root: Path, trials: int, reuse: bool = False) -> dict[str, Any]:
     """Measure one workload both ways (or reuse the kept runs), predict from each run, and compare."""
     keep = root / workload
@@ -149,7 +130,6 @@ def check(workload: str, steps: int, root: Path, trials: int, reuse: bool = Fals
         "wall_prediction_error": round(from_sync["predicted_wall_async_over_sync"] / bench["speedup"] - 1, 4),
         "reverse_prediction_error": round(from_async["predicted_async_over_sync"] / measured_ratio - 1, 4),
         "stage_bound": stage_bound(keep / "sync"),
-        "cpu_bound": cpu_bound(bench, from_sync["predicted_async_over_sync"], measured_ratio),
         "from_sync_run": from_sync,
         "from_async_run": from_async,
     }
@@ -172,12 +152,6 @@ def summary(rounds: list[list[dict[str, Any]]]) -> dict[str, Any]:
             "mean_predicted": round(mean_predicted, 3),
             "error_of_means": round(mean_predicted / mean_measured - 1, 4),
         }
-        capped = [r["cpu_bound"]["capped_prediction"] for r in rows if r.get("cpu_bound")]
-        if len(capped) == len(rows):
-            out[workload] |= {
-                "cpu_capped_predicted": capped,
-                "cpu_capped_error_of_means": round(statistics.fmean(capped) / mean_measured - 1, 4),
-            }
     return out
 
 
@@ -204,16 +178,14 @@ def main() -> int:
             rounds = [[check(w, args.steps, Path(args.keep or tmp), args.trials) for w in args.workloads]]
     print(
         f"{'workload':<16} {'measured':>9} {'predicted':>10} {'error':>7} {'reverse':>8} {'wall err':>9} {'load':>6} "
-        f"{'sync CPUs busy':>15} {'CPU-capped err':>15}"
+        f"{'sync CPUs busy':>15}"
     )
     for r in (r for round_ in rounds for r in round_):
-        cpu = r.get("cpu_bound") or {}
         print(
             f"{r['workload']:<16} {r['measured']['async_over_sync']:>9} "
             f"{r['from_sync_run']['predicted_async_over_sync']:>10} {r['prediction_error']:>+7.1%} "
             f"{r['reverse_prediction_error']:>+8.1%} {r['wall_prediction_error']:>+9.1%} "
-            f"{r['load_average_after'][0]:>6} {cpu.get('sync_machine_busy', float('nan')):>15.0%} "
-            f"{cpu.get('capped_prediction_error', float('nan')):>+15.1%}"
+            f"{r['load_average_after'][0]:>6} {r['measured']['sync'].get('machine_busy', float('nan')):>15.0%}"
         )
     report = {"cpus": os.cpu_count(), "summary": summary(rounds), "rounds": rounds}
     Path(args.out).write_text(json.dumps(report, indent=2))
