@@ -274,6 +274,7 @@ class LearnerConfig:
     logprob_chunk_tokens: int = (
         2048  #: model tokens per vocabulary projection chunk ([chunk, vocab] fp32 logits at once)
     )
+    train_layers: int = 0  #: RL trains only the top N decoder layers and the final norm (0 = every weight)
 
 
 @dataclass
@@ -356,6 +357,16 @@ class TrainConfig:
                     hint=f"set model.tiny_heads so that head_dim is one of {CPU_HEAD_SIZES}, e.g. tiny_heads: "
                     f"{max(1, self.model.tiny_hidden // 32)}",
                 )
+        if self.learner.train_layers < 0:
+            raise ConfigError(
+                "learner.train_layers must be 0 (every weight) or a number of top layers, "
+                f"got {self.learner.train_layers}"
+            )
+        if self.learner.train_layers > 0 and self.model.lora.r > 0:
+            raise ConfigError(
+                "learner.train_layers and model.lora both choose which weights learn",
+                hint="use one: LoRA adapters (model.lora.r) or the top layers (learner.train_layers)",
+            )
         if self.model.lora.r > 0 and self.learner.devices > 1 and self.learner.strategy == "fsdp":
             raise ConfigError(
                 "LoRA with learner.strategy fsdp is not supported", hint="use strategy: ddp (adapters are small)"

@@ -20,6 +20,7 @@ import torch
 
 from envhub.chat_tokens import ChatTokens
 from envhub.errors import ConfigError
+from envhub.trainer.learner.layers import freeze_below_top_layers
 
 
 @dataclass
@@ -109,17 +110,6 @@ def sft_loss(model: Any, examples: list[SFTExample], pad_id: int) -> torch.Tenso
     return torch.nn.functional.cross_entropy(logits, ids[:, 1:][where])
 
 
-def trainable_top_layers(model: Any, layers: int) -> list[torch.nn.Parameter]:
-    """Parameters of the top `layers` decoder layers and the final norm (all parameters when layers <= 0)."""
-    base = getattr(model, model.base_model_prefix, None)
-    blocks = getattr(base, "layers", None)
-    if layers <= 0 or blocks is None:
-        return [p for p in model.parameters() if p.requires_grad]
-    params = [p for block in list(blocks)[-layers:] for p in block.parameters()]
-    norm = getattr(base, "norm", None)
-    return params + (list(norm.parameters()) if norm is not None else [])
-
-
 def run_sft(
     model: Any,
     examples: list[SFTExample],
@@ -137,10 +127,8 @@ def run_sft(
     With `train_layers`, only the top layers learn: the backward pass stops there, which on a CPU roughly halves
     a step's cost (the lower layers and the tied embeddings keep their weights).
     """
-    trained = trainable_top_layers(model, train_layers)
-    frozen = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in trained)]
-    for p in frozen:
-        p.requires_grad_(False)
+    frozen = freeze_below_top_layers(model, train_layers)
+    trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     model.train()

@@ -18,6 +18,7 @@ import torch
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
 from envhub.trainer.learner.grpo import group_advantages, loss_stats, masked_mean
+from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
 from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
@@ -98,6 +99,7 @@ class Learner:
             from envhub.trainer.learner.lora import apply_lora
 
             model = apply_lora(model, lora)
+        freeze_below_top_layers(model, self.learner_config.train_layers)
         if self.learner_config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model

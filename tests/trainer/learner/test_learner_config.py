@@ -20,6 +20,8 @@ BASE = {"tasks": [{"env": "Letters-v0"}]}
             "LoRA with learner.strategy fsdp",
         ),
         ({"model": {"lora": {"rank": 8}}}, "unknown config key 'model.lora.rank'.*known keys: r, alpha"),
+        ({"learner": {"train_layers": -1}}, "learner.train_layers must be 0"),
+        ({"model": {"lora": {"r": 8}}, "learner": {"train_layers": 2}}, "train_layers and model.lora both"),
     ],
 )
 def test_bad_learner_settings(section, match):

@@ -6,7 +6,10 @@ import math
 import pytest
 import torch
 
+from envhub.errors import ConfigError
+from envhub.trainer.config import LearnerConfig
 from envhub.trainer.learner.grpo import group_advantages
+from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import chunked_logprobs, plan_micro_batches
 from envhub.trainer.learner.optimizer import lr_factor
 from envhub.trainer.learner.step import Learner, LogprobMismatch
@@ -137,3 +140,25 @@ def test_zero_variance_tolerance_in_advantages():
     nearly_equal = torch.tensor([0.3, 0.3 + 1e-5, 0.3, 0.3])  # equal up to the env's float noise
     assert torch.equal(group_advantages(nearly_equal, 4, tol=1e-4), torch.zeros(4))
     assert group_advantages(nearly_equal, 4, tol=0.0).abs().max() > 1.0  # dividing noise by std + 1e-6 made it a signal
+
+
+def test_train_layers_updates_only_the_top_layers_and_the_engine_gets_every_weight(tiny_model):
+    learner = Learner(tiny_model, algo(lr=1e-2), 1.0, 0, learner_config=LearnerConfig(train_layers=1))
+    before = params(tiny_model)
+    stats = learner.step(make_groups(tiny_model))
+    assert stats["step_skipped"] == 0.0
+    changed = {n for n, p in tiny_model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith(("model.layers.1.", "model.norm.")) for n in changed)
+    trained = {id(p) for group in learner.optimizer.param_groups for p in group["params"]}
+    assert trained == {
+        id(p) for n, p in tiny_model.named_parameters() if n.startswith(("model.layers.1.", "model.norm."))
+    }
+    assert set(learner.engine_state()) == {n for n, _ in tiny_model.named_parameters()}  # frozen ones included
+
+
+def test_train_layers_beyond_the_model_or_without_decoder_layers_is_refused(tiny_model):
+    with pytest.raises(ConfigError, match="train_layers=3 but the model has 2 decoder layers.*from 1 to 2"):
+        Learner(copy.deepcopy(tiny_model), algo(), 1.0, 0, learner_config=LearnerConfig(train_layers=3))
+    with pytest.raises(ConfigError, match="Linear has no stack of decoder layers"):
+        freeze_below_top_layers(torch.nn.Linear(2, 2), 1)
+    assert freeze_below_top_layers(tiny_model, 0) == [] and all(p.requires_grad for p in tiny_model.parameters())
