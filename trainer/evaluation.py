@@ -8,6 +8,7 @@ them).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -37,15 +38,19 @@ async def evaluate_policy(
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.serving import local_engine_dtype
     from envhub.trainer.tasks import env_factory
 
     ev, rollout = config.evaluation, config.rollout
+    # the policy as the training engine serves it (bf16 where that engine is bf16), on a copy: the learner's fp32
+    # masters stay as they are
     engine = LocalEngine(
-        model,
+        copy.deepcopy(model).eval(),
         tokenizer,
         max_batch_size=max(config.engine.max_batch_size, 1),
         prefix_cache_mb=config.engine.prefix_cache_mb,
         prefill_chunk=config.engine.prefill_chunk,
+        dtype=local_engine_dtype(config),
     )
     sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=ev.temperature, top_p=1.0)
 

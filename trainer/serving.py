@@ -24,21 +24,28 @@ from envhub.trainer.learner.step import Learner
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def local_engine_dtype(config: TrainConfig) -> Any:
+    """The dtype a local engine serves the policy in: bf16 when the learner computes in bf16 (engine.dtype auto),
+    else `engine.dtype` ("auto": bf16 on GPUs and on CPUs with bf16 units, fp32 elsewhere)."""
+    learner_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
+    if config.engine.dtype == "auto" and learner_dtype == torch.bfloat16:
+        return torch.bfloat16
+    return config.engine.dtype
+
+
 async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:
     """The engine `config.engine` describes, serving a copy of `model` in the engine dtype (the learner keeps its)."""
     cfg = config.engine
     if cfg.kind == "local":
         from envhub.trainer.engines.local import LocalEngine
 
-        learner_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
-        bf16_learner = cfg.dtype == "auto" and learner_dtype == torch.bfloat16
         return LocalEngine(
             copy.deepcopy(model).eval(),
             tokenizer,
             max_batch_size=cfg.max_batch_size,
             prefix_cache_mb=cfg.prefix_cache_mb,
             prefill_chunk=cfg.prefill_chunk,
-            dtype=torch.bfloat16 if bf16_learner else cfg.dtype,
+            dtype=local_engine_dtype(config),
             kv_cache_mb=cfg.kv_cache_mb,
             cuda_graphs=None if cfg.cuda_graphs else False,
         )

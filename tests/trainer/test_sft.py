@@ -9,7 +9,7 @@ from envhub.cli.main import main
 from envhub.errors import ConfigError
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.collect import as_tool_call, collect
-from envhub.trainer.config import config_from_dict
+from envhub.trainer.config import config_from_dict, config_to_dict
 from envhub.trainer.sft import layout, load_examples, run_sft, sft_loss
 from envhub.trainer.train import Trainer
 
@@ -137,3 +137,36 @@ async def test_sft_of_the_top_layers_leaves_the_rest_and_unfreezes_for_rl(tokeni
     changed = {n for n, p in tiny_model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(n.startswith(("model.layers.1.", "model.norm.")) for n in changed)
     assert all(p.requires_grad for p in tiny_model.parameters())
+
+
+async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer, tiny_model, monkeypatch):
+    """Held-out episodes are played by the policy as the rollouts' engine serves it; the fp32 masters stay."""
+    from envhub.trainer.engines import local
+    from envhub.trainer.evaluation import evaluate_policy
+    from envhub.trainer.serving import local_engine_dtype
+
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny", "dtype": "bfloat16"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"max_new_tokens": 4, "max_turns": 1},
+            "evaluation": {"episodes": 2},
+        }
+    )
+    assert local_engine_dtype(config) == torch.bfloat16
+    fp32_engine = config_from_dict({**config_to_dict(config), "engine": {"kind": "local", "dtype": "float32"}})
+    assert local_engine_dtype(fp32_engine) == "float32"
+    served = []
+    original = local.LocalEngine.__init__
+
+    def spy(self, model, *args, **kwargs):
+        original(self, model, *args, **kwargs)
+        served.append((self.model, next(self.model.parameters()).dtype))
+
+    monkeypatch.setattr(local.LocalEngine, "__init__", spy)
+    before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    rewards = await evaluate_policy(tiny_model, tokenizer, config)
+    assert len(rewards["Letters-v0"]) == 2
+    ((engine_model, dtype),) = served
+    assert dtype == torch.bfloat16 and engine_model is not tiny_model
+    assert all(p.dtype == torch.float32 and torch.equal(p, before[n]) for n, p in tiny_model.named_parameters())
