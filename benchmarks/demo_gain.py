@@ -75,8 +75,8 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
     gains = [r["overall"]["gain"] for r in runs]
     mean = statistics.fmean(gains)
     se_episodes = math.sqrt(sum(r["overall"]["gain_se"] ** 2 for r in runs)) / len(runs)
-    se_seeds = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else float("nan")
-    se = max(se_episodes, se_seeds) if not math.isnan(se_seeds) else se_episodes
+    se_seeds = statistics.stdev(gains) / math.sqrt(len(gains)) if len(gains) > 1 else None  # one run: no spread
+    se = max(se_episodes, se_seeds) if se_seeds is not None else se_episodes
     return {
         "runs": len(runs),
         "mean_sft": statistics.fmean(r["overall"]["sft"] for r in runs),
@@ -152,9 +152,10 @@ def main() -> None:
     report["summary"] = summarize(report["runs"], args.target)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     s = report["summary"]
+    seeds = f"{s['se_seeds']:.3f}" if s["se_seeds"] is not None else "none with one run"
     print(
         f"mean over {s['runs']} runs: {s['mean_sft']:.3f} after SFT -> {s['mean_after']:.3f} after RL, gain "
-        f"{s['mean_gain']:+.3f} (SE {s['se_episodes']:.3f} from the episodes, {s['se_seeds']:.3f} from the seeds): "
+        f"{s['mean_gain']:+.3f} (SE {s['se_episodes']:.3f} from the episodes, {seeds} from the seeds): "
         f"{'met' if s['met'] else 'NOT met'} (target +{s['target']:.2f} beyond 2 SE)"
     )
 

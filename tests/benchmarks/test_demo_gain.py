@@ -46,6 +46,9 @@ def test_the_verdict_needs_the_target_and_two_of_the_larger_standard_error():
     assert steady["met"] and steady["mean_gain"] == pytest.approx(0.12)
     assert steady["se_episodes"] == pytest.approx(math.sqrt(3 * 0.03**2) / 3)
     assert not demo_gain.summarize([run(0.08, 0.01)] * 3, 0.10)["met"]  # below the target
+    single = demo_gain.summarize([run(0.3, 0.05)], 0.10)
+    assert single["se_seeds"] is None and single["met"]  # one run: its episodes' SE alone; strict JSON (no NaN)
+    json.dumps(single, allow_nan=False)
     spread = demo_gain.summarize([run(0.0, 0.01), run(0.05, 0.01), run(0.40, 0.01)], 0.10)
     assert spread["se_seeds"] > 0.1 and not spread["met"]  # the seeds disagree: 0.15 is within 2 SE of 0
 
