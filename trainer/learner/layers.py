@@ -14,17 +14,6 @@ import torch
 from envhub.errors import ConfigError
 
 
-def trainable_top_layers(model: Any, layers: int) -> list[torch.nn.Parameter]:
-    """Parameters of the top `layers` decoder layers and the final norm (all parameters when layers <= 0)."""
-    base = getattr(model, model.base_model_prefix, None)
-    blocks = getattr(base, "layers", None)
-    if layers <= 0 or blocks is None:
-        return [p for p in model.parameters() if p.requires_grad]
-    params = [p for block in list(blocks)[-layers:] for p in block.parameters()]
-    norm = getattr(base, "norm", None)
-    return params + (list(norm.parameters()) if norm is not None else [])
-
-
 def freeze_below_top_layers(model: Any, layers: int) -> list[torch.nn.Parameter]:
     """Freeze every parameter outside the top `layers` decoder layers and the final norm; returns those frozen.
 
@@ -45,7 +34,9 @@ def freeze_below_top_layers(model: Any, layers: int) -> list[torch.nn.Parameter]
             f"train_layers={layers} but the model has {len(blocks)} decoder layers",
             hint=f"use a value from 1 to {len(blocks)}, or 0 to train every weight",
         )
-    trained = {id(p) for p in trainable_top_layers(model, layers)}
+    norm = getattr(base, "norm", None)
+    trained = {id(p) for block in list(blocks)[-layers:] for p in block.parameters()}
+    trained |= {id(p) for p in (norm.parameters() if norm is not None else ())}
     frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in trained]
     for p in frozen:
         p.requires_grad_(False)
