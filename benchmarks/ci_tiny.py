@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -32,8 +32,18 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def train(config: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
-    """One `envhub train` run of `config` with `seed`; what it did."""
+class TrainRun(NamedTuple):
+    """One finished `envhub train` subprocess."""
+
+    out: Path  #: its run directory
+    stdout: str
+    wall_s: float
+    cpu_s: float  #: user + system seconds of the process
+    load_avg_1min: list[float]  #: before and after
+
+
+def envhub_train(config: dict[str, Any], seed: int, work: Path) -> TrainRun:
+    """`envhub train` on `config` with `seed` (its run directory under `work`); a failed run stops the benchmark."""
     path, out = work / f"seed{seed}.yaml", work / f"seed{seed}"
     path.write_text(yaml.safe_dump({**config, "seed": seed, "out_dir": str(out)}, sort_keys=False))
     load_before, cpu_before, started = os.getloadavg()[0], cpu_seconds(), time.monotonic()
@@ -43,22 +53,34 @@ def train(config: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
     wall, cpu = time.monotonic() - started, cpu_seconds() - cpu_before
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed}: envhub train failed:\n{proc.stderr[-3000:]}")
-    stopped = next((line for line in proc.stdout.splitlines() if line.startswith("stopped: ")), "")
+    return TrainRun(out, proc.stdout, wall, cpu, [round(load_before, 2), round(os.getloadavg()[0], 2)])
+
+
+def stop_reason(stdout: str) -> str:
+    """Why `envhub train` stopped, from its "stopped: ...; steps ..." line ("" when it printed none)."""
+    stopped = next((line for line in stdout.splitlines() if line.startswith("stopped: ")), "")
+    return stopped.removeprefix("stopped: ").split("; steps ")[0]
+
+
+def train(config: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
+    """One `envhub train` run of `config` with `seed`; what it did."""
+    run = envhub_train(config, seed, work)
+    out = run.out
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evaluation = json.loads((out / "eval.json").read_text())["overall"] if (out / "eval.json").exists() else {}
     return {
         "seed": seed,
         "steps": len(metrics),
-        "stop_reason": stopped.removeprefix("stopped: ").split("; steps ")[0],
+        "stop_reason": stop_reason(run.stdout),
         "eval_before": evaluation.get("before"),
         "eval_after": evaluation.get("after"),
         "reward_first_step": metrics[0]["reward/all"] if metrics else None,
         "reward_last_step": metrics[-1]["reward/all"] if metrics else None,
         "batch_reward_by_step": [round(row["batch_reward"], 3) for row in metrics],
         "filtered_groups": metrics[-1]["queue/filtered_zero_variance"] if metrics else 0,
-        "wall_s": round(wall, 1),
-        "cpu_s": round(cpu, 1),
-        "load_avg_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "wall_s": round(run.wall_s, 1),
+        "cpu_s": round(run.cpu_s, 1),
+        "load_avg_1min": run.load_avg_1min,
     }
 
 

@@ -20,16 +20,16 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # sibling benchmark scripts
+from ci_tiny import envhub_train, stop_reason  # noqa: E402
 
 
 def episode_rewards(stage_dir: Path) -> dict[tuple[str, int], float]:
@@ -91,29 +91,20 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
 
 def train(config: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
     """One `envhub train` run of `config` with `seed`; its stages' timing and the paired gain."""
-    path, out = work / f"seed{seed}.yaml", work / f"seed{seed}"
-    path.write_text(yaml.safe_dump({**config, "seed": seed, "out_dir": str(out)}, sort_keys=False))
-    load_before, started = os.getloadavg()[0], time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "train", str(path)], cwd=ROOT, capture_output=True, text=True
-    )
-    wall = time.monotonic() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"seed {seed}: envhub train failed:\n{proc.stderr[-3000:]}")
-    return describe(out, seed, wall, proc.stdout, [round(load_before, 2), round(os.getloadavg()[0], 2)])
+    run = envhub_train(config, seed, work)
+    return describe(run.out, seed, run.wall_s, run.stdout, run.load_avg_1min)
 
 
 def describe(out: Path, seed: int | None, wall: float | None, stdout: str, load: list[float] | None) -> dict:
     """What a finished run directory shows: steps, stop reason, stage lines and the paired gain."""
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    stopped = next((line for line in stdout.splitlines() if line.startswith("stopped: ")), "")
     stages = [line for line in stdout.splitlines() if line.startswith(("eval ", "sft: "))]
     return {
         "seed": seed,
         "run_dir": str(out),
         "steps": len(metrics),
         "rl_s": round(metrics[-1]["elapsed_s"] - metrics[0]["elapsed_s"] + metrics[0]["step_s"], 1) if metrics else 0,
-        "stop_reason": stopped.removeprefix("stopped: ").split("; steps ")[0],
+        "stop_reason": stop_reason(stdout),
         "stages": stages,
         "wall_s": round(wall, 1) if wall is not None else None,
         "load_avg_1min": load,
