@@ -4,6 +4,7 @@
         [--variant ppo|tis|cispo|topr|decoupled] [--max-staleness 1] [--is-correction none|token|sequence|geometric]
         [--eval-episodes 64] [--temperature 1.0] [--set algorithm.lr=0.002 ...]
         [--out benchmarks/results/learning_parity.json]
+    python benchmarks/learning_parity.py --merge A.json B.json --out C.json   # seeds run apart, one comparison
 
 For every seed, each mode starts from the same initial weights and seed (the config's `seed` is replaced), trains
 exactly `--steps` learner steps, and its final policy is evaluated on the same held-out seeds (RUN_DIR/eval.json,
@@ -192,7 +193,78 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     summary["wall_async_over_sync"] = summary["async"]["wall_s_mean"] / summary["sync"]["wall_s_mean"]
     summary["speedup_sync_over_async"] = summary["sync"]["wall_s_mean"] / summary["async"]["wall_s_mean"]
     summary["equal_steps"] = len({step for mode in MODES for step in summary[mode]["steps"]}) == 1
+    summary["per_task_async_minus_sync"] = per_task_differences(runs)
     return summary
+
+
+def per_task_differences(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per task: async - sync final reward by seed, its mean and paired SE (tasks every run evaluated; runs without
+    per-task figures, from before they were recorded, give none)."""
+    every = [r.get("per_task_after") for mode in MODES for r in runs[mode]]
+    if not every or not all(isinstance(tasks, dict) for tasks in every):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for task in sorted(set.intersection(*(set(tasks) for tasks in every))):
+        diffs = [a["per_task_after"][task] - s["per_task_after"][task] for s, a in zip(runs["sync"], runs["async"])]
+        mean, se = mean_se(diffs)
+        out[task] = {"by_seed": diffs, "mean": mean, "se": se}
+    return out
+
+
+# what must agree for two result files to be one comparison: the runs differ only in their seeds
+SETTINGS = (
+    "config",
+    "overrides",
+    "steps",
+    "eval_episodes_per_task",
+    "eval_temperature",
+    "max_time_s",
+    "pg_variant",
+    "is_correction",
+    "async_max_staleness",
+    "model",
+)
+
+
+def merge_results(reports: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One comparison from result files of the same settings over different seeds (e.g. seeds 0-2 and 3-5 run apart).
+
+    A seed counts when both of its modes finished (an interrupted file keeps its finished pairs). Files whose
+    settings differ, or that share a seed, are refused with the field or seed named.
+    """
+    if not reports:
+        raise ConfigError("--merge needs at least one result file")
+    first_name, first = reports[0]
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    seen: dict[int, str] = {}
+    for name, report in reports:
+        for key in SETTINGS:
+            if report.get(key) != first.get(key):
+                raise ConfigError(
+                    f"{name} and {first_name} differ in {key}: {report.get(key)!r} vs {first.get(key)!r}",
+                    hint="merge only runs of the same settings; they may differ in their seeds",
+                )
+        by_mode = report.get("runs") or {}
+        pairs = list(zip(by_mode.get("sync", []), by_mode.get("async", [])))
+        for sync, async_ in pairs:
+            seed = sync.get("seed")
+            if seed != async_.get("seed"):
+                raise ConfigError(
+                    f"{name}: its sync and async runs are not paired by seed ({seed} vs {async_.get('seed')})"
+                )
+            if seed in seen:
+                raise ConfigError(f"seed {seed} is in both {seen[seed]} and {name}", hint="a seed may be counted once")
+            seen[seed] = name
+            runs["sync"].append(sync)
+            runs["async"].append(async_)
+    if not seen:
+        raise ConfigError("no seed in these files finished both modes", hint="run the benchmark to the end of a seed")
+    header = {key: first.get(key) for key in SETTINGS}
+    header["seeds"] = sorted(seen)
+    header["merged_from"] = [name for name, _ in reports]
+    order = sorted(range(len(runs["sync"])), key=lambda i: runs["sync"][i]["seed"])
+    runs = {mode: [runs[mode][i] for i in order] for mode in MODES}
+    return {**header, "complete": True, "runs": runs, **summarise(runs)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -225,6 +297,12 @@ def parse_args() -> argparse.Namespace:
         help="override a config field by dotted path, e.g. algorithm.lr=0.002 (repeatable)",
     )
     parser.add_argument("--out", default="benchmarks/results/learning_parity.json")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULT_JSON",
+        help="train nothing: combine result files of the same settings over different seeds into --out",
+    )
     args = parser.parse_args()
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -271,6 +349,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{mode:<6} final eval {row['eval_after_mean']:.3f} ± {row['eval_after_se_over_seeds']:.3f} (se over seeds;"
             f" {by_seed})   wall {row['wall_s_mean']:.1f} s   steps {row['steps']}"
         )
+    for task, row in summary.get("per_task_async_minus_sync", {}).items():
+        by_seed = ", ".join(f"{v:+.3f}" for v in row["by_seed"])
+        print(f"  {task:<24} async - sync {row['mean']:+.3f} ± {row['se']:.3f} ({by_seed})")
     verdict = "parity (within one paired SE)" if summary["parity_within_one_se"] else "async worse by > one paired SE"
     print(
         f"async - sync final eval, paired: {summary['after_async_minus_sync']:+.3f} ± "
@@ -280,8 +361,30 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
 
 
+def merge_files(paths: list[str], out: Path) -> None:
+    """`--merge`: read the result files, combine them, print the summary and write `out`."""
+    reports = []
+    for name in paths:
+        try:
+            reports.append((name, json.loads(Path(name).read_text())))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--merge {name}: cannot read it as a result file ({exc})") from exc
+    merged = merge_results(reports)
+    print(f"merged seeds {merged['seeds']} from {', '.join(paths)}")
+    print_summary(merged)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     args = parse_args()
+    if args.merge:
+        try:
+            merge_files(args.merge, Path(args.out))
+        except ConfigError as exc:
+            raise SystemExit(f"learning_parity: {exc}") from None
+        return
     seeds = args.seed_list
     configs = {
         (mode, seed): build_config(

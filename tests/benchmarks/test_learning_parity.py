@@ -124,6 +124,84 @@ def test_summary_refuses_runs_that_do_not_pair():
         parity.summarise(runs)
 
 
+def report(seeds, sync_after, async_after, **settings):
+    """A result file as the benchmark writes it: header, runs of both modes with per-task figures."""
+    runs = {
+        mode: [
+            {
+                "seed": seed,
+                "eval_after": value,
+                "wall_s": 2.0 if mode == "sync" else 1.0,
+                "steps": 3,
+                "per_task_after": {"Lake": value, "Math": 0.5},
+            }
+            for seed, value in zip(seeds, values)
+        ]
+        for mode, values in (("sync", sync_after), ("async", async_after))
+    }
+    header = {key: None for key in parity.SETTINGS} | {"config": "configs/demo.yaml", "steps": 3} | settings
+    return {**header, "seeds": list(seeds), "complete": True, "runs": runs}
+
+
+def test_merge_is_one_comparison_over_the_seeds_of_every_file():
+    merged = parity.merge_results(
+        [("b.json", report([3, 4], [0.5, 0.6], [0.6, 0.4])), ("a.json", report([0], [0.2], [0.3]))]
+    )
+    assert merged["seeds"] == [0, 3, 4] and [r["seed"] for r in merged["runs"]["async"]] == [0, 3, 4]
+    assert merged["after_async_minus_sync_by_seed"] == pytest.approx([0.1, 0.1, -0.2])
+    assert merged["after_async_minus_sync"] == pytest.approx(0.0)
+    assert merged["after_async_minus_sync_se"] == pytest.approx(0.1)  # sd 0.1732 over sqrt(3)
+    lake = merged["per_task_async_minus_sync"]["Lake"]
+    assert lake["by_seed"] == pytest.approx([0.1, 0.1, -0.2]) and lake["mean"] == pytest.approx(0.0)
+    assert merged["per_task_async_minus_sync"]["Math"]["se"] == 0.0
+    assert merged["speedup_sync_over_async"] == pytest.approx(2.0) and merged["merged_from"] == ["b.json", "a.json"]
+
+
+def test_merge_keeps_the_finished_seeds_of_an_interrupted_file():
+    interrupted = report([1, 2], [0.5, 0.7], [0.4])  # seed 2 finished sync only
+    interrupted["complete"] = False
+    merged = parity.merge_results([("x.json", interrupted), ("y.json", report([5], [0.1], [0.3]))])
+    assert merged["seeds"] == [1, 5] and merged["after_async_minus_sync_by_seed"] == pytest.approx([-0.1, 0.2])
+
+
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (report([1], [0.5], [0.5], steps=4), "differ in steps: 4 vs 3"),
+        (report([1], [0.5], [0.5], overrides=["algorithm.lr=1e-5"]), "differ in overrides"),
+        (report([0], [0.5], [0.5]), "seed 0 is in both a.json and b.json"),
+    ],
+)
+def test_merge_refuses_files_that_are_not_one_comparison(second, message):
+    with pytest.raises(ConfigError, match=message):
+        parity.merge_results([("a.json", report([0], [0.2], [0.3])), ("b.json", second)])
+
+
+def test_merge_on_the_command_line_writes_the_summary_and_names_a_bad_file(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(report([0], [0.2], [0.3])))
+    (tmp_path / "b.json").write_text(json.dumps(report([1], [0.6], [0.4])))
+    (tmp_path / "bad.json").write_text("{not json")
+    script = str(ROOT / "benchmarks" / "learning_parity.py")
+    out = tmp_path / "out" / "merged.json"
+    ok = subprocess.run(
+        [sys.executable, script, "--merge", "a.json", "b.json", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(out.read_text())["seeds"] == [0, 1] and "Lake" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, script, "--merge", "a.json", "bad.json", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "bad.json: cannot read it as a result file" in bad.stderr
+
+
 def test_variant_and_correction_reach_both_modes_and_staleness_only_async():
     configs = {
         mode: parity.build_config(
