@@ -2,7 +2,9 @@
 
 It is `envhub eval` itself (`envhub.eval.evaluate`) with an `EngineAgent` over a `LocalEngine` serving the policy,
 greedy by default, so an evaluated episode is laid out token for token as a training episode and `envhub eval` on
-the exported checkpoint reproduces the numbers. Each label's episodes are in RUN_DIR/eval-LABEL/ (`envhub view` reads
+the exported checkpoint plays the same episodes. Not bit for bit: with every episode in flight at once, which rows share
+a bf16 decode batch changes the sums, and a near-tie can flip (docs/trainer.md, learning parity: 3-5 of 48 greedy
+episodes differ between repeats). Each label's episodes are in RUN_DIR/eval-LABEL/ (`envhub view` reads
 them).
 """
 
