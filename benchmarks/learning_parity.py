@@ -366,9 +366,12 @@ def merge_files(paths: list[str], out: Path) -> None:
     reports = []
     for name in paths:
         try:
-            reports.append((name, json.loads(Path(name).read_text())))
+            report = json.loads(Path(name).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"--merge {name}: cannot read it as a result file ({exc})") from exc
+        if not isinstance(report, dict) or not isinstance(report.get("runs"), dict):
+            raise ConfigError(f"--merge {name}: not a learning_parity result (no 'runs' by mode)")
+        reports.append((name, report))
     merged = merge_results(reports)
     print(f"merged seeds {merged['seeds']} from {', '.join(paths)}")
     print_summary(merged)

@@ -200,6 +200,15 @@ def test_merge_on_the_command_line_writes_the_summary_and_names_a_bad_file(tmp_p
         timeout=120,
     )
     assert bad.returncode == 1 and "bad.json: cannot read it as a result file" in bad.stderr
+    (tmp_path / "list.json").write_text("[1, 2]")
+    other = subprocess.run(
+        [sys.executable, script, "--merge", "a.json", "list.json", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode == 1 and "list.json: not a learning_parity result" in other.stderr
 
 
 def test_variant_and_correction_reach_both_modes_and_staleness_only_async():
