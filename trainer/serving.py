@@ -6,7 +6,6 @@ engine.weight_sync tensor / nccl)."""
 from __future__ import annotations
 
 import asyncio
-import copy
 import shutil
 import tempfile
 import time
@@ -37,15 +36,18 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
     """The engine `config.engine` describes, serving a copy of `model` in the engine dtype (the learner keeps its)."""
     cfg = config.engine
     if cfg.kind == "local":
+        from envhub.trainer.engines.hardware import engine_dtype
         from envhub.trainer.engines.local import LocalEngine
+        from envhub.trainer.models import copy_as
 
+        dtype = engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
         return LocalEngine(
-            copy.deepcopy(model).eval(),
+            copy_as(model, dtype).eval(),
             tokenizer,
             max_batch_size=cfg.max_batch_size,
             prefix_cache_mb=cfg.prefix_cache_mb,
             prefill_chunk=cfg.prefill_chunk,
-            dtype=local_engine_dtype(config),
+            dtype=dtype,
             kv_cache_mb=cfg.kv_cache_mb,
             cuda_graphs=None if cfg.cuda_graphs else False,
         )
