@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from envhub.trainer.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.engine_watch import WatchedEngine
 from envhub.trainer.engines.compute_thread import releasing_openmp
 from envhub.trainer.engines.weights import load_state
-from envhub.trainer.evaluation import BeforeAfter
+from envhub.trainer.evaluation import BeforeAfter, evaluation_dtype
 from envhub.trainer.learner.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -38,7 +37,7 @@ from envhub.trainer.learner.checkpoint import (
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
 from envhub.trainer.metrics import MetricsLogger
-from envhub.trainer.models import build_policy
+from envhub.trainer.models import build_policy, copy_as
 from envhub.trainer.preflight import preflight
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.queue import TrajectoryQueue
@@ -269,7 +268,10 @@ class Trainer:
             self.sft_stats = await warm_start(model, tokenizer, cfg, pad_id, self.out_dir)
             if evaluation is not None and cfg.evaluation.after_sft:
                 await evaluation.measure("sft", model, tokenizer)
-        return evaluation, copy.deepcopy(model) if evaluation is not None else None
+        if evaluation is None:
+            return None, None
+        # kept for the final evaluation, in the dtype it is decoded in: half the memory of an fp32 copy
+        return evaluation, copy_as(model, evaluation_dtype(cfg, model))
 
     def _restore(self, checkpoint: Checkpoint, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
         """Load `checkpoint` into learner, queue and sampler; returns its step."""
@@ -469,7 +471,8 @@ class Trainer:
                 run.metrics.plot_rewards()
         run.metrics.close()
         if run.eval_model is not None and not run.interrupted and run.ended_cleanly:
-            run.final_state = await asyncio.to_thread(releasing_openmp(run.learner.engine_state), torch.float32)
+            dtype = next(run.eval_model.parameters()).dtype
+            run.final_state = await asyncio.to_thread(releasing_openmp(run.learner.engine_state), dtype)
         if self.learner_group is not None:
             self.learner_group.shutdown()
 

@@ -170,3 +170,40 @@ async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer,
     ((engine_model, dtype),) = served
     assert dtype == torch.bfloat16 and engine_model is not tiny_model
     assert all(p.dtype == torch.float32 and torch.equal(p, before[n]) for n, p in tiny_model.named_parameters())
+
+
+async def test_the_final_evaluation_copy_is_kept_in_the_engine_dtype_and_gets_the_trained_weights(
+    tmp_path, monkeypatch
+):
+    from safetensors.torch import load_file
+
+    from envhub.trainer.evaluation import BeforeAfter
+
+    seen = {}
+    original = BeforeAfter.measure
+
+    async def spy(self, label, model, tokenizer):
+        seen[label] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        return await original(self, label, model, tokenizer)
+
+    monkeypatch.setattr(BeforeAfter, "measure", spy)
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny", "dtype": "bfloat16"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"group_size": 4, "max_new_tokens": 4, "max_turns": 1},
+            "algorithm": {"groups_per_step": 1, "lr": 0.01, "filter_zero_variance": False},
+            "budget": {"steps": 2, "checkpoint_every": 2},
+            "evaluation": {"episodes": 2},
+            "out_dir": str(tmp_path / "run"),
+        }
+    )
+    await Trainer(config).run()
+    before, after = seen["before"], seen["after"]
+    assert before["lm_head.weight"].dtype == torch.float32  # "before" evaluates the learner's own fp32 masters
+    assert {p.dtype for p in after.values()} == {torch.bfloat16}  # the kept copy: half the memory of fp32
+    (saved,) = (tmp_path / "run").glob("checkpoints/*/model.safetensors")
+    trained = load_file(saved)
+    assert not torch.equal(trained["lm_head.weight"].float(), before["lm_head.weight"])  # the steps moved it
+    for name, value in after.items():
+        assert torch.equal(value, trained[name].to(torch.bfloat16)), name  # the final weights, cast once
