@@ -20,8 +20,10 @@ torch = pytest.importorskip("torch")
 needs_gnu_openmp = pytest.mark.skipif(_gnu_openmp() is None, reason="torch here does not run on GNU OpenMP")
 
 
-def os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def os_threads() -> set[str]:
+    """This process's thread ids. Compared as sets: threads other tests left behind may end meanwhile (a count
+    would then drop by one), and what matters is which threads a burst started and whether they are gone."""
+    return set(os.listdir("/proc/self/task"))
 
 
 def in_new_thread(fn):
@@ -53,9 +55,10 @@ def test_releasing_ends_this_threads_openmp_workers_and_a_later_region_starts_ne
             return before, with_team, released, os_threads()
 
         before, with_team, released, again = in_new_thread(counts)
-        assert with_team == before + 2
-        assert released == before
-        assert again == before + 2
+        team = with_team - before
+        assert len(team) == 2  # the region started 2 workers
+        assert not team & released  # releasing ended them
+        assert len(again - released) == 2  # a later region starts a new team
     finally:
         torch.set_num_threads(threads)
 
@@ -77,7 +80,7 @@ def test_a_burst_gives_its_workers_back_even_when_it_raises():
             return before, os_threads()
 
         before, after = in_new_thread(run)
-        assert after == before
+        assert not after - before  # no worker of the burst is left
     finally:
         torch.set_num_threads(threads)
 
