@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -28,10 +27,13 @@ from pathlib import Path
 VOCAB = 8192  # small enough for a 2-core CPU to run every case in minutes; the logits still dominate at 1k tokens
 
 
-def rss_mb() -> float:
-    """Current resident set size of this process in MiB (Linux /proc)."""
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident set size in MiB (Linux /proc): now (VmRSS) or its peak (VmHWM).
+
+    The peak is VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec, so a child would start at its parent's peak.
+    """
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -99,7 +101,7 @@ def run_case(
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_rss = rss_mb("VmHWM")
     peak = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20 if device.type == "cuda" else peak_rss - base
     return {
         "device": device.type,
