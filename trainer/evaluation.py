@@ -32,14 +32,6 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
-def evaluation_dtype(config: TrainConfig, model: Any) -> Any:
-    """The dtype held-out episodes are decoded in: the training engine's (bf16 where it serves bf16)."""
-    from envhub.trainer.engines.hardware import engine_dtype
-    from envhub.trainer.serving import local_engine_dtype
-
-    return engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
-
-
 async def evaluate_policy(
     model: Any, tokenizer: Any, config: TrainConfig, record_dir: Path | None = None
 ) -> dict[str, list[float]]:
@@ -48,12 +40,13 @@ async def evaluate_policy(
     from envhub.inference import SamplingParams
     from envhub.trainer.engines.local import LocalEngine
     from envhub.trainer.models import copy_as
+    from envhub.trainer.serving import served_dtype
     from envhub.trainer.tasks import env_factory
 
     ev, rollout = config.evaluation, config.rollout
     # the policy as the training engine serves it (bf16 where that engine is bf16), on a copy: the learner's fp32
     # masters stay as they are
-    dtype = evaluation_dtype(config, model)
+    dtype = served_dtype(config, model)
     engine = LocalEngine(
         copy_as(model, dtype).eval(),
         tokenizer,

@@ -32,15 +32,21 @@ def local_engine_dtype(config: TrainConfig) -> Any:
     return config.engine.dtype
 
 
+def served_dtype(config: TrainConfig, model: Any) -> torch.dtype:
+    """The torch dtype a local engine, or the held-out evaluation, serves `model` in on its device."""
+    from envhub.trainer.engines.hardware import engine_dtype
+
+    return engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
+
+
 async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:
     """The engine `config.engine` describes, serving a copy of `model` in the engine dtype (the learner keeps its)."""
     cfg = config.engine
     if cfg.kind == "local":
-        from envhub.trainer.engines.hardware import engine_dtype
         from envhub.trainer.engines.local import LocalEngine
         from envhub.trainer.models import copy_as
 
-        dtype = engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
+        dtype = served_dtype(config, model)
         return LocalEngine(
             copy_as(model, dtype).eval(),
             tokenizer,

@@ -26,7 +26,7 @@ from envhub.trainer.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.engine_watch import WatchedEngine
 from envhub.trainer.engines.compute_thread import releasing_openmp
 from envhub.trainer.engines.weights import load_state
-from envhub.trainer.evaluation import BeforeAfter, evaluation_dtype
+from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.learner.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -45,7 +45,7 @@ from envhub.trainer.records import EpisodeRecorder
 from envhub.trainer.resume import ERRORS_FILE, record_state, restore_record, rewind_record, stop_error
 from envhub.trainer.rollout import RolloutWorker
 from envhub.trainer.rollout_sources import LocalRollouts, RolloutSource
-from envhub.trainer.serving import build_engine, push_weights
+from envhub.trainer.serving import build_engine, push_weights, served_dtype
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.task_errors import TaskErrors
@@ -271,7 +271,7 @@ class Trainer:
         if evaluation is None:
             return None, None
         # kept for the final evaluation, in the dtype it is decoded in: half the memory of an fp32 copy
-        return evaluation, copy_as(model, evaluation_dtype(cfg, model))
+        return evaluation, copy_as(model, served_dtype(cfg, model))
 
     def _restore(self, checkpoint: Checkpoint, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
         """Load `checkpoint` into learner, queue and sampler; returns its step."""
