@@ -181,33 +181,24 @@ def test_merge_on_the_command_line_writes_the_summary_and_names_a_bad_file(tmp_p
     (tmp_path / "a.json").write_text(json.dumps(report([0], [0.2], [0.3])))
     (tmp_path / "b.json").write_text(json.dumps(report([1], [0.6], [0.4])))
     (tmp_path / "bad.json").write_text("{not json")
-    script = str(ROOT / "benchmarks" / "learning_parity.py")
     out = tmp_path / "out" / "merged.json"
-    ok = subprocess.run(
-        [sys.executable, script, "--merge", "a.json", "b.json", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def merge(*names):
+        return subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "learning_parity.py"), "--merge", *names, "--out", str(out)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    ok = merge("a.json", "b.json")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert json.loads(out.read_text())["seeds"] == [0, 1] and "Lake" in ok.stdout
-    bad = subprocess.run(
-        [sys.executable, script, "--merge", "a.json", "bad.json", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = merge("a.json", "bad.json")
     assert bad.returncode == 1 and "bad.json: cannot read it as a result file" in bad.stderr
     (tmp_path / "list.json").write_text("[1, 2]")
-    other = subprocess.run(
-        [sys.executable, script, "--merge", "a.json", "list.json", "--out", str(out)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    other = merge("a.json", "list.json")
     assert other.returncode == 1 and "list.json: not a learning_parity result" in other.stderr
 
 
