@@ -28,6 +28,10 @@ class FrozenLakeEnv(GridToolEnv):
     With `slippery=True` each move goes the intended way with probability 1/3 and to either side
     with 1/3 each. `info` carries `success`, `fell`, `position` (row, col), `invalid_action` and,
     on slippery ice, `slipped`.
+
+    `spaced=True` draws the grid with a space between cells ("P F H"). Compact rows ("PFH") are what gymnasium's
+    FrozenLake prints, but a BPE tokenizer merges them into multi-cell tokens (SmolLM2: "PFF" -> "P", "FF"), so a
+    model cannot tell which column a hole is in; spaced, every cell is one token.
     """
 
     system_prompt = (
@@ -41,7 +45,12 @@ class FrozenLakeEnv(GridToolEnv):
     )
 
     def __init__(
-        self, size: int = 4, hole_fraction: float = 0.2, slippery: bool = False, render_mode: str | None = None
+        self,
+        size: int = 4,
+        hole_fraction: float = 0.2,
+        slippery: bool = False,
+        spaced: bool = False,
+        render_mode: str | None = None,
     ) -> None:
         if size < 2:
             raise ValueError(f"FrozenLake size must be at least 2, got {size}")
@@ -50,6 +59,7 @@ class FrozenLakeEnv(GridToolEnv):
         self.size = size
         self.hole_fraction = hole_fraction
         self.slippery = slippery
+        self.spaced = spaced
         self.render_mode = render_mode
         self.grid: list[str] = []
         self.position: Cell | None = None
@@ -125,8 +135,9 @@ class FrozenLakeEnv(GridToolEnv):
         """The lake as a character grid with P marking the player, the legend and the position."""
         if self.position is None:
             return "(no lake yet: call reset())"
+        separator = " " if self.spaced else ""
         rows = [
-            "".join("P" if (r, c) == self.position else tile for c, tile in enumerate(row))
+            separator.join("P" if (r, c) == self.position else tile for c, tile in enumerate(row))
             for r, row in enumerate(self.grid)
         ]
         r, c = self.position

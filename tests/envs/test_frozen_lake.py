@@ -88,3 +88,22 @@ def test_impossible_hole_fraction_fails_with_a_hint_instead_of_looping():
     env = FrozenLakeEnv(size=8, hole_fraction=0.99)
     with pytest.raises(RuntimeError, match="lower hole_fraction"):
         env.reset(seed=0)
+
+
+def test_spaced_grid_gives_every_cell_its_own_token():
+    from envhub.trainer.models import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny")  # the SmolLM2 tokenizer
+    compact, spaced = FrozenLakeEnv(size=3), FrozenLakeEnv(size=3, spaced=True)
+    obs_compact, _ = compact.reset(seed=5)
+    obs_spaced, _ = spaced.reset(seed=5)
+    assert spaced.grid == compact.grid == ["SFF", "HFH", "FFG"]  # same map, drawn differently
+    assert obs_spaced.splitlines()[1:4] == ["P F F", "H F H", "F F G"]
+    assert obs_compact.splitlines()[1:4] == ["PFF", "HFH", "FFG"]
+    for row in obs_spaced.splitlines()[1:4]:
+        pieces = [tokenizer.decode([t]).strip() for t in tokenizer.encode(row, add_special_tokens=False)]
+        assert pieces == row.split(), pieces
+    merged = [tokenizer.decode([t]) for t in tokenizer.encode("PFF", add_special_tokens=False)]
+    assert len(merged) < 3  # why spaced exists: compact rows merge cells into one token
+    obs, *_ = spaced.step("right")
+    assert obs.splitlines()[-3:-2] == ["F F G"] and "S P F" in obs
