@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import envhub
+from envhub.envs.directions import DIRECTIONS
 
 Policy = Callable[[Any, int], str]  # (the unwrapped env, turn) -> a direction
 
@@ -47,8 +48,9 @@ def look_one_ahead(first: str, second: str) -> Policy:
     """`first` when that square is on the lake and no hole, else `second`."""
 
     def policy(lake: Any, turn: int) -> str:
-        target = lake._neighbour(lake.position, first)
-        return first if target != lake.position and lake.grid[target[0]][target[1]] != "H" else second
+        (r, c), (dr, dc) = lake.position, DIRECTIONS[first]
+        on_lake = 0 <= r + dr < lake.size and 0 <= c + dc < lake.size
+        return first if on_lake and lake.grid[r + dr][c + dc] != "H" else second
 
     return policy
 
