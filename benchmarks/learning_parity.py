@@ -1,7 +1,8 @@
 """Does async GRPO learn as well as sync? The same config trained in both modes for the same steps, in one run.
 
     python benchmarks/learning_parity.py [--config configs/ci-tiny.yaml] [--steps 16] [--seeds 0,1,2]
-        [--variant ppo|tis|cispo|topr|decoupled] [--max-staleness 1] [--is-correction none|token|sequence|geometric]
+        [--variant ppo|vanilla|tis|cispo|topr|decoupled] [--max-staleness 1]
+        [--is-correction none|token|sequence|geometric]
         [--eval-episodes 64] [--temperature 1.0] [--set algorithm.lr=0.002 ...]
         [--out benchmarks/results/learning_parity.json]
     python benchmarks/learning_parity.py --merge A.json B.json --out C.json   # seeds run apart, one comparison
@@ -47,7 +48,7 @@ from envhub.trainer.config import TrainConfig, config_from_dict
 from envhub.trainer.train import Trainer, learner_stat
 
 MODES = ("sync", "async")
-VARIANTS = ("ppo", "tis", "cispo", "topr", "decoupled")
+VARIANTS = ("ppo", "vanilla", "tis", "cispo", "topr", "decoupled")
 IS_LEVELS = ("none", "token", "sequence", "geometric")
 
 

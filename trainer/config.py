@@ -202,12 +202,13 @@ class AlgorithmConfig:
     grad_clip: float = 1.0  #: max gradient norm
     clip_low: float = 0.2  #: PPO ratio clip below 1
     clip_high: float = 0.28  #: PPO ratio clip above 1 (clip-higher)
+    dual_clip: float = 0.0  #: PPO / decoupled: cap a negative-advantage token's loss at c |A| (0 = off, else > 1)
     scale_std: bool = True  #: divide advantages by the group std
     kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
     max_staleness: int = 1  #: policy versions a group may lag behind the learner (async mode)
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
     tis_cap: float = 2.0  #: truncation C of pi_prox / mu and pi / mu weights: variant tis, decoupled, stale: correct
-    pg_variant: Literal["ppo", "tis", "cispo", "topr", "decoupled"] = (
+    pg_variant: Literal["ppo", "vanilla", "tis", "cispo", "topr", "decoupled"] = (
         "ppo"  #: policy-gradient loss (docs/trainer.md, "Policy-gradient variants")
     )
     cispo_eps_low: float = 0.1  #: CISPO: importance weight clipped below at 1 - eps_low (>= 1: no lower bound)
@@ -236,6 +237,11 @@ class AlgorithmConfig:
         for name in ("clip_low", "clip_high", "cispo_eps_low", "cispo_eps_high"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
+        if self.dual_clip and not self.dual_clip > 1:
+            raise ConfigError(
+                f"algorithm.dual_clip must be 0 (off) or above 1, got {self.dual_clip}",
+                hint="Ye et al. and verl use 3.0: a negative-advantage token stops pushing once its ratio exceeds it",
+            )
         if not self.tis_cap > 0:
             raise ConfigError(f"algorithm.tis_cap must be positive, got {self.tis_cap}", hint="Yao et al. use 2.0")
         for name in ("topr_positive_weight", "topr_negative_weight"):

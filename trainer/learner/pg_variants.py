@@ -30,6 +30,7 @@ class PGParams:
 
     clip_low: float = 0.2  #: PPO / decoupled: ratio clip below 1
     clip_high: float = 0.28  #: PPO / decoupled: ratio clip above 1 (clip-higher)
+    dual_clip: float = 0.0  #: PPO / decoupled: a negative-advantage token's loss is capped at c |A| (0 = off, else > 1)
     tis_cap: float = 2.0  #: truncation C of importance weights (TIS, and the behaviour weight b)
     cispo_eps_low: float = 0.1  #: CISPO: weight clipped below at 1 - eps_low
     cispo_eps_high: float = 0.1  #: CISPO: weight clipped above at 1 + eps_high
@@ -85,29 +86,54 @@ def clip_stats(name: str, ratio: torch.Tensor, low: float, high: float, mask: to
     }
 
 
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, p: PGParams) -> torch.Tensor:
+    """PPO's objective (maximised): min(r A, clip(r, 1 - clip_low, 1 + clip_high) A); with dual clip c, where A < 0
+    it is max(that, c A): a token the policy now prefers far more than its sampler did (r > c) stops pushing."""
+    objective = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - p.clip_low, 1.0 + p.clip_high) * adv)
+    if p.dual_clip > 0:
+        objective = torch.where(adv < 0, torch.maximum(objective, p.dual_clip * adv), objective)
+    return objective
+
+
+def dual_clip_stats(name: str, ratio: torch.Tensor, adv: torch.Tensor, p: PGParams, mask: torch.Tensor) -> Stats:
+    """Share of model tokens where the dual clip binds (A < 0 and r > c; 0 when it is off)."""
+    binds = (adv < 0) & (ratio.detach() > p.dual_clip) if p.dual_clip > 0 else torch.zeros_like(mask, dtype=torch.bool)
+    return {f"{name}_dual_clip_fraction": fraction(binds, mask)}
+
+
 def ppo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
-    """PPO-clip with clip-higher: -b * min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)."""
+    """PPO-clip with clip-higher and optional dual clip: -b * min(r A, clip(r, 1 - clip_low, 1 + clip_high) A),
+    where A < 0 at most b c |A|."""
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - p.clip_low, 1.0 + p.clip_high) * adv
-    loss = -torch.minimum(unclipped, clipped) * behaviour_weight(behavior, proximal, p.tis_cap)
-    return on_mask(loss, mask), clip_stats("ppo", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
+    loss = -clipped_surrogate(ratio, adv, p) * behaviour_weight(behavior, proximal, p.tis_cap)
+    stats = clip_stats("ppo", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
+    stats.update(dual_clip_stats("ppo", ratio, adv.expand_as(ratio), p, mask))
+    return on_mask(loss, mask), stats
 
 
 def decoupled(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
-    """Decoupled PPO (AReaL): -sg(min(pi_prox / mu, C)) * min(r A, clip(r) A), r = pi_theta / pi_prox."""
+    """Decoupled PPO (AReaL): -sg(min(pi_prox / mu, C)) * min(r A, clip(r) A), r = pi_theta / pi_prox; dual clip as
+    in `ppo`."""
     if proximal is None:
         raise ValueError("decoupled PPO needs proximal logprobs (the learner's recomputation before the update)")
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal)
-    clipped = torch.clamp(ratio, 1.0 - p.clip_low, 1.0 + p.clip_high) * adv
     behaviour = torch.exp(log_ratio(proximal, behavior)).detach()
-    loss = -behaviour.clamp(max=p.tis_cap) * torch.minimum(ratio * adv, clipped)
+    loss = -behaviour.clamp(max=p.tis_cap) * clipped_surrogate(ratio, adv, p)
     stats = clip_stats("decoupled", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
+    stats.update(dual_clip_stats("decoupled", ratio, adv.expand_as(ratio), p, mask))
     stats["decoupled_weight_mean"] = float(masked_mean(behaviour.clamp(max=p.tis_cap), mask))
     stats["decoupled_truncated_fraction"] = fraction(behaviour > p.tis_cap, mask)
     return on_mask(loss, mask), stats
+
+
+def vanilla(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """REINFORCE (Williams 1992; ROLL's "vanilla"): -b * A * log pi_theta. No ratio: a sample one version old weighs
+    what a fresh one does, so a large step cannot clip or reweight a stale batch away (biased by the lag, low
+    variance)."""
+    loss = -behaviour_weight(behavior, proximal, p.tis_cap) * per_token(advantages) * logprobs
+    return on_mask(loss, mask), {}
 
 
 def tis(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
@@ -150,16 +176,25 @@ def topr(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[t
     return on_mask(loss, mask), stats
 
 
-PG_VARIANTS: dict[str, Variant] = {"ppo": ppo, "tis": tis, "cispo": cispo, "topr": topr, "decoupled": decoupled}
+PG_VARIANTS: dict[str, Variant] = {
+    "ppo": ppo,
+    "vanilla": vanilla,
+    "tis": tis,
+    "cispo": cispo,
+    "topr": topr,
+    "decoupled": decoupled,
+}
 #: the diagnostics each variant returns, in a fixed order (the learner sums them over micro-batches and processes)
 VARIANT_STATS: dict[str, tuple[str, ...]] = {
-    "ppo": ("ppo_clip_low_fraction", "ppo_clip_high_fraction"),
+    "ppo": ("ppo_clip_low_fraction", "ppo_clip_high_fraction", "ppo_dual_clip_fraction"),
+    "vanilla": (),
     "tis": ("tis_weight_mean", "tis_truncated_fraction"),
     "cispo": ("cispo_clip_low_fraction", "cispo_clip_high_fraction"),
     "topr": ("topr_positive_fraction", "topr_negative_truncated_fraction"),
     "decoupled": (
         "decoupled_clip_low_fraction",
         "decoupled_clip_high_fraction",
+        "decoupled_dual_clip_fraction",
         "decoupled_weight_mean",
         "decoupled_truncated_fraction",
     ),

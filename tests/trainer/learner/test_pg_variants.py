@@ -8,6 +8,7 @@ reference, random prompt / padding masks, behaviour logprobs that are off by up 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import typing
@@ -26,6 +27,7 @@ from envhub.trainer.learner.step import Learner
 from tests.trainer.learner.conftest import algo, make_groups
 
 PARAMS = PGParams(tis_cap=1.6, cispo_eps_low=0.15, cispo_eps_high=0.25, topr_positive_weight=0.9)
+DUAL = dataclasses.replace(PARAMS, dual_clip=2.5)  # PPO / decoupled with the dual clip on
 
 # --- data ----------------------------------------------------------------------------------------------------------
 
@@ -72,8 +74,13 @@ def reference_token(variant: str, lp: float, mu: float, prox: float | None, a: f
     if variant in ("ppo", "decoupled"):
         unclipped, clipped = r * a, clip(r, 1 - p.clip_low, 1 + p.clip_high) * a
         inside = 1 - p.clip_low <= r <= 1 + p.clip_high
-        return -b * min(unclipped, clipped), -b * r * a if inside or unclipped < clipped else 0.0
-    if variant == "tis":
+        objective, slope = min(unclipped, clipped), r * a if inside or unclipped < clipped else 0.0
+        if p.dual_clip and a < 0 and objective < p.dual_clip * a:  # Ye et al.'s dual clip: a floor at c A
+            objective, slope = p.dual_clip * a, 0.0
+        return -b * objective, -b * slope
+    if variant == "vanilla":
+        w = b
+    elif variant == "tis":
         w = min(r, p.tis_cap) * b
     elif variant == "cispo":
         w = clip(r, 1 - p.cispo_eps_low, 1 + p.cispo_eps_high) * b
@@ -101,15 +108,21 @@ def reference(variant: str, batch: dict, p: PGParams, with_prox: bool) -> tuple[
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(
-    "variant, with_prox",
-    [(v, with_prox) for v in sorted(PG_VARIANTS) for with_prox in (False, True) if with_prox or v != "decoupled"],
+    "variant, with_prox, params",
+    [
+        (v, with_prox, PARAMS)
+        for v in sorted(PG_VARIANTS)
+        for with_prox in (False, True)
+        if with_prox or v != "decoupled"
+    ]
+    + [("ppo", False, DUAL), ("ppo", True, DUAL), ("decoupled", True, DUAL)],
 )  # decoupled refuses to run without the proximal policy (below)
-def test_variant_loss_and_gradient_match_the_reference(variant, with_prox, seed):
+def test_variant_loss_and_gradient_match_the_reference(variant, with_prox, params, seed):
     batch = random_batch(seed)
     lp, mu, prox, mask, adv = tensors(batch)
-    loss, stats = PG_VARIANTS[variant](lp, mu, prox if with_prox else None, adv, mask, PARAMS)
+    loss, stats = PG_VARIANTS[variant](lp, mu, prox if with_prox else None, adv, mask, params)
     (grad,) = torch.autograd.grad(masked_mean(loss, mask), lp)
-    want_loss, want_grad = reference(variant, batch, PARAMS, with_prox)
+    want_loss, want_grad = reference(variant, batch, params, with_prox)
     assert torch.allclose(loss, torch.tensor(want_loss, dtype=torch.float64), atol=1e-12, rtol=1e-10)
     assert torch.allclose(grad, torch.tensor(want_grad, dtype=torch.float64), atol=1e-12, rtol=1e-10)
     assert tuple(stats) == pg_stat_names(algo(pg_variant=variant))[: len(stats)]
@@ -127,17 +140,19 @@ def test_the_data_exercises_every_branch():
                     ratios.append(math.exp(batch["lp"][i][t] - batch["mu"][i][t]))
                     signs.append(batch["adv"][i])
     assert any(r < 1 - PARAMS.clip_low and a < 0 for r, a in zip(ratios, signs))  # PPO clip binds below
+    assert any(r > DUAL.dual_clip and a < 0 for r, a in zip(ratios, signs))  # the dual clip binds
     assert any(r > 1 + PARAMS.clip_high and a > 0 for r, a in zip(ratios, signs))  # ... and above
     assert any(r > PARAMS.tis_cap for r in ratios) and any(r > 1 and a < 0 for r, a in zip(ratios, signs))  # TIS, TOPR
     assert any(a == 0 for a in signs) and any(a > 0 for a in signs)  # zero-variance groups and both TOPR sets
 
 
+@pytest.mark.parametrize("params", [PARAMS, DUAL])
 @pytest.mark.parametrize("variant", ["ppo", "decoupled"])
-def test_clipped_losses_match_central_differences(variant):
+def test_clipped_losses_match_central_differences(variant, params):
     """No stop-gradient in PPO's ratio: the autograd gradient is the numeric derivative of the reference loss."""
     batch = random_batch(5)
     lp, mu, prox, mask, adv = tensors(batch)
-    loss, _ = PG_VARIANTS[variant](lp, mu, prox, adv, mask, PARAMS)
+    loss, _ = PG_VARIANTS[variant](lp, mu, prox, adv, mask, params)
     (grad,) = torch.autograd.grad(loss.sum(), lp)
     h, checked = 1e-6, 0
     for i, row in enumerate(batch["mask"]):
@@ -145,10 +160,11 @@ def test_clipped_losses_match_central_differences(variant):
             if not m:
                 continue
             r = math.exp(batch["lp"][i][t] - batch["prox"][i][t])
-            if min(abs(r - 1 + PARAMS.clip_low), abs(r - 1 - PARAMS.clip_high)) < 1e-4:
+            kinks = (1 - params.clip_low, 1 + params.clip_high, params.dual_clip)
+            if min(abs(r - k) for k in kinks) < 1e-4:
                 continue  # a kink of the clip: no derivative there
             f = [reference_token(variant, batch["lp"][i][t] + s, batch["mu"][i][t], batch["prox"][i][t],
-                                 batch["adv"][i], PARAMS)[0] for s in (h, -h)]  # fmt: skip
+                                 batch["adv"][i], params)[0] for s in (h, -h)]  # fmt: skip
             assert grad[i, t].item() == pytest.approx((f[0] - f[1]) / (2 * h), abs=1e-6)
             checked += 1
     assert checked > 20
@@ -332,14 +348,19 @@ def test_extreme_ratios_stay_finite(variant, level):
 
 def test_nan_behaviour_logprobs_still_reach_the_learners_guard():
     """A NaN from an engine is not hidden as a number: it reaches the gradient, which makes the learner skip the
-    step (test_step.py). (It sits on a token with A < 0: TOPR's positive tokens never read mu.)"""
+    step (test_step.py). (It sits on a token with A < 0: TOPR's positive tokens never read mu.) REINFORCE never reads
+    mu on a fresh token, so the NaN cannot reach its weights; it shows in the behaviour KL it logs."""
     lp, mu, _, mask, adv = tensors(random_batch(0))
     i, t = map(int, (mask * (adv < 0).unsqueeze(1)).nonzero()[0])
     mu[i, t] = math.nan
     for variant in PG_VARIANTS:
-        loss, _ = pg_token_loss(lp, mu, adv, mask, algo(pg_variant=variant))
+        loss, stats = pg_token_loss(lp, mu, adv, mask, algo(pg_variant=variant))
         (grad,) = torch.autograd.grad(masked_mean(loss, mask), lp)
-        assert not torch.isfinite(grad).all(), variant
+        assert math.isnan(stats["is_kl_k1"]), variant
+        if variant == "vanilla":
+            assert torch.isfinite(grad).all()
+        else:
+            assert not torch.isfinite(grad).all(), variant
 
 
 def test_padding_holding_garbage_is_ignored():
@@ -375,10 +396,14 @@ def test_config_reads_the_variant_and_the_correction():
 @pytest.mark.parametrize(
     "algorithm, message",
     [
-        ({"pg_variant": "cipso"}, "pg_variant must be one of ppo, tis, cispo, topr, decoupled, got 'cipso'.*'cispo'"),
+        (
+            {"pg_variant": "cipso"},
+            "pg_variant must be one of ppo, vanilla, tis, cispo, topr, decoupled, got 'cipso'.*'cispo'",
+        ),
         ({"is_correction": {"level": "seq"}}, "level must be one of none, token, sequence, geometric"),
         ({"is_correction": {"levl": "token"}}, "unknown config key 'algorithm.is_correction.levl'.*'level'"),
         ({"tis_cap": 0}, "tis_cap must be positive"),
+        ({"dual_clip": 0.5}, r"dual_clip must be 0 \(off\) or above 1, got 0.5.*3.0"),
         ({"cispo_eps_high": -0.1}, "cispo_eps_high must be >= 0"),
         ({"topr_negative_weight": -1}, "topr_negative_weight must be >= 0"),
         ({"is_correction": {"cap": -2}}, "is_correction.cap must be >= 0"),
