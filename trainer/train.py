@@ -64,15 +64,18 @@ def learner_stat(row: dict[str, Any], name: str, default: float) -> float:
     return row.get(f"learner/{name}", default)
 
 
-def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
-    """A warning when async steps keep training on stale samples most of whose tokens the PPO clip discards.
+def off_policy_warning(
+    history: list[dict[str, Any]], mode: str, variant: str = "ppo", window: int = 3, max_clip: float = 0.5
+) -> str | None:
+    """A warning when async `ppo` steps keep training on stale samples most of whose tokens the PPO clip discards.
 
     With `max_staleness` >= 1 a batch comes from the policy one step (or more) back; when one step moves the
     policy far (a high lr), the ratio to that behaviour policy leaves the clip range for most tokens, their
-    gradient is zero, and the run learns far less than the same config in sync mode.
+    gradient is zero, and the run learns far less than the same config in sync mode. Only `ppo` clips against the
+    behaviour policy; the other variants keep every token's gradient (they log their own weights).
     """
     recent = history[-window:]
-    if mode != "async" or len(recent) < window:
+    if mode != "async" or variant != "ppo" or len(recent) < window:
         return None
     if all(r.get("staleness", 0) > 0.5 and learner_stat(r, "clip_fraction", 0.0) > max_clip for r in recent):
         clip = sum(learner_stat(r, "clip_fraction", 0.0) for r in recent) / window
@@ -80,8 +83,8 @@ def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3
         return (
             f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
             f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "
-            "too far for off-policy samples to teach. Lower algorithm.lr, or set algorithm.mode: sync or "
-            "algorithm.max_staleness: 0."
+            "too far for off-policy samples to teach. Set algorithm.pg_variant: vanilla (no ratio to clip), lower "
+            "algorithm.lr, or set algorithm.mode: sync."
         )
     return None
 
@@ -393,7 +396,8 @@ class Trainer:
         row = self._row(run, groups, lags, stats, time.monotonic() - step_started) | push
         run.metrics.log(run.step, row)
         run.history.append(row)
-        if not run.warned_off_policy and (warning := off_policy_warning(run.history, self.config.algorithm.mode)):
+        algo = self.config.algorithm
+        if not run.warned_off_policy and (warning := off_policy_warning(run.history, algo.mode, algo.pg_variant)):
             run.warned_off_policy = True
             print(warning, file=sys.stderr, flush=True)
         if self.on_step is not None:

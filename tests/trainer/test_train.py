@@ -155,7 +155,8 @@ def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
     clipped = {"staleness": 1.0, "learner/clip_fraction": 0.95, "learner/kl_behavior": 1895.0}
     fine = {"staleness": 1.0, "learner/clip_fraction": 0.02, "learner/kl_behavior": 1e-4}
     message = off_policy_warning([fine, clipped, clipped, clipped], "async")
-    assert message is not None and "95%" in message and "Lower algorithm.lr" in message and "1.9e+03" in message
+    assert message is not None and "95%" in message and "pg_variant: vanilla" in message and "1.9e+03" in message
+    assert off_policy_warning([fine, clipped, clipped, clipped], "async", "vanilla") is None  # no clip to blame
     assert off_policy_warning([clipped, clipped, clipped], "sync") is None  # sync samples are never stale
     assert off_policy_warning([clipped, clipped, fine], "async") is None  # a step that learned: no warning
     assert off_policy_warning([clipped, clipped], "async") is None  # too early to tell
