@@ -45,11 +45,13 @@ import yaml
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import TrainConfig, config_from_dict
+from envhub.trainer.learner.is_correction import LEVELS
+from envhub.trainer.learner.pg_variants import PG_VARIANTS
 from envhub.trainer.train import Trainer, learner_stat
 
 MODES = ("sync", "async")
-VARIANTS = ("ppo", "vanilla", "tis", "cispo", "topr", "decoupled")
-IS_LEVELS = ("none", "token", "sequence", "geometric")
+VARIANTS = tuple(PG_VARIANTS)  # the learner's registry: a new variant is a --variant choice with nothing to edit here
+IS_LEVELS = ("none", *LEVELS)
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
