@@ -108,7 +108,7 @@ def ppo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[to
     ratio = trust_ratio(logprobs, behavior, proximal)
     loss = -clipped_surrogate(ratio, adv, p) * behaviour_weight(behavior, proximal, p.tis_cap)
     stats = clip_stats("ppo", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
-    stats.update(dual_clip_stats("ppo", ratio, adv.expand_as(ratio), p, mask))
+    stats.update(dual_clip_stats("ppo", ratio, adv, p, mask))
     return on_mask(loss, mask), stats
 
 
@@ -122,7 +122,7 @@ def decoupled(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tu
     behaviour = torch.exp(log_ratio(proximal, behavior)).detach()
     loss = -behaviour.clamp(max=p.tis_cap) * clipped_surrogate(ratio, adv, p)
     stats = clip_stats("decoupled", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
-    stats.update(dual_clip_stats("decoupled", ratio, adv.expand_as(ratio), p, mask))
+    stats.update(dual_clip_stats("decoupled", ratio, adv, p, mask))
     stats["decoupled_weight_mean"] = float(masked_mean(behaviour.clamp(max=p.tis_cap), mask))
     stats["decoupled_truncated_fraction"] = fraction(behaviour > p.tis_cap, mask)
     return on_mask(loss, mask), stats

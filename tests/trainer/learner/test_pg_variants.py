@@ -126,6 +126,15 @@ def test_variant_loss_and_gradient_match_the_reference(variant, with_prox, param
     assert torch.allclose(loss, torch.tensor(want_loss, dtype=torch.float64), atol=1e-12, rtol=1e-10)
     assert torch.allclose(grad, torch.tensor(want_grad, dtype=torch.float64), atol=1e-12, rtol=1e-10)
     assert tuple(stats) == pg_stat_names(algo(pg_variant=variant))[: len(stats)]
+    if params.dual_clip:  # the share of model tokens whose floor binds, counted token by token
+        anchor = batch["prox"] if with_prox else batch["mu"]
+        binds = [
+            m and batch["adv"][i] < 0 and math.exp(batch["lp"][i][t] - anchor[i][t]) > params.dual_clip
+            for i, row in enumerate(batch["mask"])
+            for t, m in enumerate(row)
+        ]
+        want = sum(binds) / sum(sum(row) for row in batch["mask"])
+        assert stats[f"{variant}_dual_clip_fraction"] == pytest.approx(want, abs=1e-12)
     assert all(0.0 <= v <= (PARAMS.tis_cap**2 if "mean" in k else 1.0) for k, v in stats.items())
 
 
