@@ -64,27 +64,31 @@ def learner_stat(row: dict[str, Any], name: str, default: float) -> float:
     return row.get(f"learner/{name}", default)
 
 
-def off_policy_warning(
-    history: list[dict[str, Any]], mode: str, variant: str = "ppo", window: int = 3, max_clip: float = 0.5
-) -> str | None:
-    """A warning when async `ppo` steps keep training on stale samples most of whose tokens the PPO clip discards.
+def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
+    """A warning when async steps keep training on stale samples most of whose tokens fall outside the PPO clip.
 
     With `max_staleness` >= 1 a batch comes from the policy one step (or more) back; when one step moves the
     policy far (a high lr), the ratio to that behaviour policy leaves the clip range for most tokens, their
-    gradient is zero, and the run learns far less than the same config in sync mode. Only `ppo` clips against the
-    behaviour policy; the other variants keep every token's gradient (they log their own weights).
+    gradient is zero, and the run learns far less than the same config in sync mode. The share is the one `ppo`
+    logs for its own ratio (`ppo_clip_{low,high}_fraction`), so the warning follows the variant's actual anchor:
+    no other variant logs it, and under `is_correction` with `apply_weight` ppo's ratio is taken against the
+    proximal policy, whose clip the staleness does not reach.
     """
     recent = history[-window:]
-    if mode != "async" or variant != "ppo" or len(recent) < window:
+    if mode != "async" or len(recent) < window:
         return None
-    if all(r.get("staleness", 0) > 0.5 and learner_stat(r, "clip_fraction", 0.0) > max_clip for r in recent):
-        clip = sum(learner_stat(r, "clip_fraction", 0.0) for r in recent) / window
+
+    def outside(row: dict[str, Any]) -> float:
+        return learner_stat(row, "ppo_clip_low_fraction", 0.0) + learner_stat(row, "ppo_clip_high_fraction", 0.0)
+
+    if all(r.get("staleness", 0) > 0.5 and outside(r) > max_clip for r in recent):
+        clip = sum(outside(r) for r in recent) / window
         kl = learner_stat(recent[-1], "kl_behavior", float("nan"))
         return (
-            f"warning: the last {window} async steps trained on samples from an older policy and the PPO clip "
-            f"discarded {clip:.0%} of their tokens (KL(behaviour || learner) {kl:.3g}): each step moves the policy "
-            "too far for off-policy samples to teach. Set algorithm.pg_variant: vanilla (no ratio to clip), lower "
-            "algorithm.lr, or set algorithm.mode: sync."
+            f"warning: the last {window} async steps trained on samples from an older policy and {clip:.0%} of their "
+            f"tokens fell outside the PPO clip (KL(behaviour || learner) {kl:.3g}), where ppo's gradient is cut or "
+            "scaled down: each step moves the policy too far for off-policy samples to teach. Set "
+            "algorithm.pg_variant: vanilla (no ratio to clip), lower algorithm.lr, or set algorithm.mode: sync."
         )
     return None
 
@@ -397,7 +401,7 @@ class Trainer:
         run.metrics.log(run.step, row)
         run.history.append(row)
         algo = self.config.algorithm
-        if not run.warned_off_policy and (warning := off_policy_warning(run.history, algo.mode, algo.pg_variant)):
+        if not run.warned_off_policy and (warning := off_policy_warning(run.history, algo.mode)):
             run.warned_off_policy = True
             print(warning, file=sys.stderr, flush=True)
         if self.on_step is not None:

@@ -152,19 +152,34 @@ async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
 def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
     from envhub.trainer.train import off_policy_warning
 
-    clipped = {"staleness": 1.0, "learner/clip_fraction": 0.95, "learner/kl_behavior": 1895.0}
-    fine = {"staleness": 1.0, "learner/clip_fraction": 0.02, "learner/kl_behavior": 1e-4}
+    clipped = {
+        "staleness": 1.0,
+        "learner/ppo_clip_low_fraction": 0.90,
+        "learner/ppo_clip_high_fraction": 0.05,
+        "learner/kl_behavior": 1895.0,
+    }
+    fine = dict(clipped, **{"learner/ppo_clip_low_fraction": 0.01, "learner/ppo_clip_high_fraction": 0.01})
     message = off_policy_warning([fine, clipped, clipped, clipped], "async")
     assert message is not None and "95%" in message and "pg_variant: vanilla" in message and "1.9e+03" in message
-    assert off_policy_warning([fine, clipped, clipped, clipped], "async", "vanilla") is None  # no clip to blame
     assert off_policy_warning([clipped, clipped, clipped], "sync") is None  # sync samples are never stale
     assert off_policy_warning([clipped, clipped, fine], "async") is None  # a step that learned: no warning
     assert off_policy_warning([clipped, clipped], "async") is None  # too early to tell
     # the trainer's own history rows nest the learner's statistics: the warning must read them there too
-    nested = {"staleness": 1.0, "learner": {"clip_fraction": 0.95, "kl_behavior": 1895.0}}
+    nested = {
+        "staleness": 1.0,
+        "learner": {"ppo_clip_low_fraction": 0.90, "ppo_clip_high_fraction": 0.05, "kl_behavior": 1895.0},
+    }
     assert "95%" in off_policy_warning([nested] * 3, "async")
     on_policy = dict(clipped, staleness=0.0)
     assert off_policy_warning([on_policy] * 3, "async") is None
+    # no ppo ratio to clip: other variants log their own statistics, never ppo's; the generic clip_fraction (the
+    # ratio to the behaviour policy, whatever the variant) is high on stale steps yet discards nothing there
+    vanilla = {"staleness": 1.0, "learner/clip_fraction": 0.95, "learner/kl_behavior": 1895.0}
+    assert off_policy_warning([vanilla] * 3, "async") is None
+    # ppo under is_correction with apply_weight: its ratio is anchored at the proximal policy, which the staleness
+    # does not reach, so its own clip share stays small even where the ratio to the behaviour policy is far off
+    reanchored = dict(fine, **{"learner/clip_fraction": 0.95})
+    assert off_policy_warning([reanchored] * 3, "async") is None
 
 
 async def test_a_crash_mid_run_keeps_the_checkpoint_and_skips_the_final_evaluation(tmp_path, monkeypatch):
