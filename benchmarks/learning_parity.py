@@ -83,7 +83,7 @@ def build_config(
     temperature: float,
     max_time_s: float = 0.0,
     variant: str | None = None,
-    max_staleness: int | None = None,
+    max_staleness: float | None = None,
     is_correction: str | None = None,
 ) -> TrainConfig:
     """The config file with --set overrides applied, then this run's mode, seed, steps, algorithm and evaluation.
@@ -278,7 +278,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds, e.g. 0,1,2")
     parser.add_argument("--variant", choices=VARIANTS, help="algorithm.pg_variant for both modes (default: config's)")
     parser.add_argument(
-        "--max-staleness", type=int, help="algorithm.max_staleness of the async runs (default: the config's)"
+        "--max-staleness",
+        type=float,
+        help="algorithm.max_staleness of the async runs, in steps; 0.5 = half a step's groups (default: the config's)",
     )
     parser.add_argument(
         "--is-correction", choices=IS_LEVELS, help="algorithm.is_correction.level for both modes (default: config's)"
@@ -318,7 +320,7 @@ def parse_args() -> argparse.Namespace:
     if args.steps < 1:
         parser.error(f"--steps {args.steps}: give at least 1 learner step")
     if args.max_staleness is not None and args.max_staleness < 0:
-        parser.error(f"--max-staleness {args.max_staleness}: give 0 or more policy versions")
+        parser.error(f"--max-staleness {args.max_staleness:g}: give 0 or more steps")
     if args.eval_episodes < 1:
         parser.error(f"--eval-episodes {args.eval_episodes}: give at least 1 held-out episode per task")
     return args
@@ -435,7 +437,7 @@ def main() -> None:
     print(
         f"\nconfig={args.config} {' '.join(args.overrides)} steps={args.steps} seeds={seeds} "
         f"variant={header['pg_variant']} is_correction={header['is_correction']} "
-        f"async max_staleness={header['async_max_staleness']} "
+        f"async max_staleness={header['async_max_staleness']:g} "
         f"eval episodes/task={args.eval_episodes} T={args.temperature} load={load:.1f}"
     )
     print_summary(summary)

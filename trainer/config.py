@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from envhub.errors import ConfigError
+from envhub.trainer.staleness import Staleness
 from envhub.user_modules import resolve_target
 
 
@@ -205,7 +206,7 @@ class AlgorithmConfig:
     dual_clip: float = 0.0  #: PPO / decoupled: cap a negative-advantage token's loss at c |A| (0 = off, else > 1)
     scale_std: bool = True  #: divide advantages by the group std
     kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
-    max_staleness: int = 1  #: policy versions a group may lag behind the learner (async mode)
+    max_staleness: float = 1  #: steps a group may run ahead of the learner (async); 0.5: half a step's groups
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
     tis_cap: float = 2.0  #: truncation C of pi_prox / mu and pi / mu weights: variant tis, decoupled, stale: correct
     pg_variant: Literal["ppo", "vanilla", "tis", "cispo", "topr", "decoupled"] = (
@@ -337,8 +338,17 @@ class TrainConfig:
                 raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
         if self.rollout.group_size < 2:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
-        if self.algorithm.mode == "async" and self.algorithm.max_staleness < 0:
+        algo = self.algorithm
+        if algo.mode == "async" and algo.max_staleness < 0:
             raise ConfigError("algorithm.max_staleness must be >= 0")
+        ahead = Staleness(algo.max_staleness).groups_ahead(algo.groups_per_step)
+        if algo.mode == "async" and algo.max_staleness > 0 and ahead == 0:
+            raise ConfigError(
+                f"algorithm.max_staleness {algo.max_staleness:g} x groups_per_step {algo.groups_per_step} rounds down "
+                "to 0 groups: no group of the next step may start before the learner publishes, which is sync training",
+                hint=f"max_staleness: {1 / algo.groups_per_step:g} (one group of the {algo.groups_per_step} a step) "
+                "or more, or mode: sync",
+            )
         self.algorithm.validate()
         self.engine.validate()
         if self.learner.devices < 1:

@@ -2,11 +2,12 @@
 
 Admission control keeps async training within the `Staleness` rule (`envhub.trainer.staleness`): a producer may
 start a group only while started-and-not-discarded groups stay below (learner_version + max_staleness + 1) *
-groups_per_step. With max_staleness = 0 this is synchronous training: rollouts for version v+1 cannot start before
-the learner has published v+1. A finished group none of whose tokens the learner could use is dropped; the learner
-weighs the tokens of the others. Episodes cut by the wall-time watchdog leave their group (their 0 reward says the
-env was slow, not that the policy failed); groups whose rewards agree within a tolerance carry no GRPO signal and are
-filtered. Every such decision is counted.
+groups_per_step (rounded down; a fractional bound's part once the learner has taken its batch). With max_staleness
+= 0 this is synchronous training: rollouts for version v+1 cannot start before the learner has published v+1. A
+finished group none of whose tokens the learner could use is dropped; the learner weighs the tokens of the others.
+Episodes cut by the wall-time watchdog leave their group (their 0 reward says the env was slow, not that the policy
+failed); groups whose rewards agree within a tolerance carry no GRPO signal and are filtered. Every such decision
+is counted.
 """
 
 from __future__ import annotations
@@ -66,12 +67,14 @@ class TrajectoryQueue:
         self.last_reward = 0.0  # mean reward of the latest group
         self._ready: deque[Group] = deque()
         self._discarded = 0
+        self._batch_taken_at = -1  # the learner version that last took a batch: it trains while this is current
         self._changed = asyncio.Condition()
         self.on_dropped: Callable[[Group], None] | None = None  # sees each group dropped as too stale (run record)
 
     def capacity(self) -> int:
         """How many groups may have been started (minus those discarded) at the current version."""
-        return self.staleness.capacity(self.version, self.groups_per_step)
+        learning = self._batch_taken_at == self.version
+        return self.staleness.capacity(self.version, self.groups_per_step, learning)
 
     async def admit(self) -> None:
         """Wait until one more group may start without breaking the staleness bound."""
@@ -176,10 +179,12 @@ class TrajectoryQueue:
                     if self.on_dropped is not None:
                         self.on_dropped(group)
                     continue
-                if self.staleness.mode == "correct" and self.lag(group) > self.staleness.max_staleness:
+                if self.staleness.mode == "correct" and self.lag(group) > self.staleness.version_bound:
                     self.counters.corrected_stale += 1  # the learner importance-corrects its stale tokens
                 batch.append(group)
             self.counters.consumed += len(batch)
+            self._batch_taken_at = self.version
+            self._changed.notify_all()  # a fractional bound admits the next step's early groups now
         return batch
 
     async def set_version(self, version: int) -> None:

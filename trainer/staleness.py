@@ -1,45 +1,74 @@
 """The staleness rule of async training, decided in one place.
 
 A model token is *stale* when the policy version that sampled it is older than `learner_version - max_staleness`.
-The queue uses the rule to admit work (at most `max_staleness + 1` versions of groups in flight) and to drop a
+The queue uses the rule to admit work (at most `max_staleness + 1` steps' worth of groups in flight) and to drop a
 finished group none of whose tokens the learner could use; the learner uses it to weigh each token: stale tokens
 are masked out of the loss (`stale: drop`) or importance-corrected (`stale: correct`). A long multi-turn episode
 therefore loses only its old tokens, never the whole episode. Sync training is the same rule with max_staleness 0.
+
+The bound may be fractional (verl's `staleness_threshold`, "0.x-step" asynchrony): at 0.5 with 4 groups a step, 2
+groups of step v+1 may start on version v once the learner has taken its batch for step v, and the other 2 wait for
+v+1. Tokens
+may then lag by `ceil(max_staleness)` whole versions; only the admission is finer.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from envhub.trainer.config import AlgorithmConfig
     from envhub.trainer.trajectory import Trajectory
+
+
+class StalenessSettings(Protocol):
+    """The settings the rule reads (`AlgorithmConfig` has them; the config module validates with this rule)."""
+
+    mode: Literal["async", "sync"]
+    max_staleness: float
+    stale: Literal["drop", "correct"]
 
 
 @dataclass(frozen=True)
 class Staleness:
     """How many policy versions a token may lag the learner, and what happens to tokens beyond that."""
 
-    max_staleness: int = 0
+    max_staleness: float = 0
     mode: Literal["drop", "correct"] = "drop"
 
     @classmethod
-    def from_config(cls, algorithm: AlgorithmConfig) -> Staleness:
+    def from_config(cls, algorithm: StalenessSettings) -> Staleness:
         """The rule a config asks for: async mode's `max_staleness`, sync mode 0."""
         bound = algorithm.max_staleness if algorithm.mode == "async" else 0
         return cls(max_staleness=bound, mode=algorithm.stale)
 
+    @property
+    def version_bound(self) -> int:
+        """Whole policy versions a token may lag the learner: the bound rounded up."""
+        return math.ceil(self.max_staleness)
+
+    def groups_ahead(self, groups_per_step: int) -> int:
+        """Groups beyond the learner's current step that may start early: `max_staleness` steps' worth, rounded down."""
+        return math.floor(self.max_staleness * groups_per_step + 1e-9)  # 0.29 * 100 is 28.999...: count it as 29
+
     def min_version(self, learner_version: int) -> int:
         """The oldest policy version whose tokens are still within the bound."""
-        return learner_version - self.max_staleness
+        return learner_version - self.version_bound
 
-    def capacity(self, learner_version: int, groups_per_step: int) -> int:
-        """How many groups may have been started (minus those discarded) while the learner is at `learner_version`."""
-        return (learner_version + self.max_staleness + 1) * groups_per_step
+    def capacity(self, learner_version: int, groups_per_step: int, learning: bool = True) -> int:
+        """How many groups may have been started (minus those discarded) while the learner is at `learner_version`.
+
+        The whole steps of the bound are admitted at once; a fractional part's groups only while the learner trains
+        on its batch for `learner_version` (`learning`). Admitted earlier, at the publish, they would run beside the
+        groups that complete the learner's next batch, slowing them, instead of using the time the learner works.
+        """
+        whole = math.floor(self.max_staleness + 1e-9)
+        partial = self.groups_ahead(groups_per_step) - whole * groups_per_step
+        return (learner_version + 1 + whole) * groups_per_step + (partial if learning else 0)
 
     def stale_tokens(self, versions: torch.Tensor, loss_mask: torch.Tensor, learner_version: int) -> torch.Tensor:
         """Boolean mask of the model tokens older than the bound ([B, T] like `versions`)."""

@@ -63,7 +63,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--env-hosts", type=int, default=None, help="env hosts (default 1)")
     p.add_argument("--env-slots", type=int, default=None, help="episodes one env host runs at once (0 = no limit)")
     p.add_argument("--learners", type=int, default=None, help="data-parallel learner workers (default 1)")
-    p.add_argument("--max-staleness", type=int, default=None, help="async staleness bound (default: the run's)")
+    p.add_argument(
+        "--max-staleness", type=float, default=None, help="async staleness bound in steps (default: the run's)"
+    )
     p.add_argument("--redundancy", type=int, default=None, help="extra episodes per group (default: the run's)")
     p.add_argument("--groups-per-step", type=int, default=None, help="groups per learner step (default: the run's)")
     p.add_argument("--concurrent-groups", type=int, default=None, help="groups in flight (default: the run's)")

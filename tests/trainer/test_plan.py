@@ -264,3 +264,19 @@ def test_cli_plan_writes_json_and_refuses_bad_input(tiny_run, tmp_path):
     assert "no config.json" in plan(tmp_path / "empty").stderr
     bad = plan(tiny_run, "--engines", "0")
     assert bad.returncode == 2 and "engines must be at least 1" in bad.stderr
+
+
+def test_a_fractional_staleness_bound_sits_between_sync_and_one_step():
+    # an engine whose step costs per row (throughput-bound): half a batch generates in half the time
+    bound = pipeline(gen_steps=10, step_s=0.0, per_row=0.05, env_s=0.0, learn_s=2.0)
+    one = PlanConfig(mode="async", max_staleness=1, steps=20, groups_per_step=2, concurrent_groups=8)
+    results = {s: simulate(bound, replace(one, max_staleness=s)) for s in (0.5, 1)}
+    sync = simulate(bound, replace(one, mode="sync"))
+    assert sync.mean_staleness == 0 < results[0.5].mean_staleness < results[1].mean_staleness
+    assert results[0.5].episodes_per_s > 1.2 * sync.episodes_per_s and results[1].episodes_per_s > sync.episodes_per_s
+    # an engine that batches for free: the half step started early finishes no sooner than the whole, so the
+    # step waits for the groups started after the publish, as in sync; only a whole step ahead overlaps
+    free = pipeline(gen_steps=10, step_s=0.1, env_s=1.0, learn_s=3.0)
+    half, sync = simulate(free, replace(one, max_staleness=0.5)), simulate(free, replace(one, mode="sync"))
+    assert half.episodes_per_s == pytest.approx(sync.episodes_per_s)
+    assert simulate(free, one).episodes_per_s > sync.episodes_per_s

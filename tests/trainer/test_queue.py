@@ -41,6 +41,48 @@ async def test_admission_enforces_max_staleness():
     await asyncio.wait_for(queue.admit(), 1)  # a step frees two more slots
 
 
+async def test_a_fractional_bound_lets_part_of_the_next_step_start_while_the_learner_trains():
+    # verl's staleness_threshold: at 0.5 with 4 groups a step, 2 groups of step 1 may start on version 0, once the
+    # learner has taken its step-0 batch (before that they would only slow the step-0 groups down)
+    queue = TrajectoryQueue(groups_per_step=4, staleness=Staleness(0.5))
+
+    async def admits(n):
+        for _ in range(n):
+            await asyncio.wait_for(queue.admit(), 1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(queue.admit(), 0.05)
+
+    await admits(4)
+    for i in range(4):
+        await queue.put(make_group([0.0, 1.0], version=0, group_id=str(i)))
+    assert len(await queue.get_batch()) == 4
+    await admits(2)  # the learner trains on step 0: half of step 1 starts on version 0
+    await queue.set_version(1)
+    await admits(2)  # published: the rest of step 1 on version 1, and none of step 2 until that batch is taken
+    # a group started early is one version old when it is used: within the bound, rounded up to whole versions
+    await queue.put(make_group([0.0, 1.0], version=0, group_id="early"))
+    await queue.put(make_group([0.0, 1.0], version=-1, group_id="older"))  # two versions old: nothing usable
+    for i in range(3):
+        await queue.put(make_group([0.0, 1.0], version=1, group_id=f"fresh{i}"))
+    batch = await queue.get_batch()
+    assert [g[0].group_id for g in batch] == ["early", "fresh0", "fresh1", "fresh2"]
+    assert queue.counters.dropped_stale == 1
+    await admits(3)  # the dropped group gave its slot back, and step 2's early half may start
+
+
+@pytest.mark.parametrize(
+    "bound, groups_per_step, ahead, versions",
+    [(0, 4, 0, 0), (0.25, 4, 1, 1), (0.5, 4, 2, 1), (1, 4, 4, 1), (1.5, 2, 3, 2), (0.29, 100, 29, 1), (0.1, 4, 0, 1)],
+)
+def test_staleness_counts_groups_ahead_rounded_down_and_versions_rounded_up(bound, groups_per_step, ahead, versions):
+    rule = Staleness(bound)
+    assert rule.groups_ahead(groups_per_step) == ahead and rule.version_bound == versions
+    assert rule.capacity(3, groups_per_step) == 4 * groups_per_step + ahead
+    whole = int(bound) * groups_per_step  # before the learner takes its batch, only whole steps are admitted
+    assert rule.capacity(3, groups_per_step, learning=False) == 4 * groups_per_step + whole
+    assert rule.min_version(3) == 3 - versions
+
+
 async def test_sync_mode_admits_one_step_at_a_time():
     queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(0))
     await queue.admit()

@@ -18,7 +18,7 @@ class PlanConfig:
     engines: int = 1
     env_hosts: int = 1
     learners: int = 1
-    max_staleness: int = 1
+    max_staleness: float = 1  # steps; fractional = part of a step's groups (envhub.trainer.staleness)
     stale: Literal["drop", "correct"] = "drop"
     redundancy: int = 0
     group_size: int = 4

@@ -18,7 +18,7 @@ def record_config(record: RunRecord, **overrides: Any) -> PlanConfig:
     algo, rollout = record.config.get("algorithm", {}), record.config.get("rollout", {})
     base = PlanConfig(
         mode=algo.get("mode", "async"),
-        max_staleness=int(algo.get("max_staleness", 1)),
+        max_staleness=float(algo.get("max_staleness", 1)),
         stale=algo.get("stale", "drop"),
         redundancy=int(rollout.get("redundancy", 0)),
         group_size=int(rollout.get("group_size", 4)),
@@ -129,7 +129,7 @@ def bounds(model: PipelineModel, config: PlanConfig, group_s: float) -> dict[str
     # the queue admits (max_staleness + 1) steps' worth of groups beyond those consumed; sync: one step's
     in_flight = min(
         max(config.concurrent_groups, config.groups_per_step),
-        (config.staleness.max_staleness + 1) * config.groups_per_step,
+        config.staleness.capacity(0, config.groups_per_step),
     )
     out = {
         "learner": round(per_step / learn, 4) if learn > 0 else float("inf"),
@@ -220,5 +220,5 @@ def table(report: dict[str, Any]) -> str:
 def _describe(config: dict[str, Any]) -> str:
     return (
         f"{config['mode']} E{config['engines']} H{config['env_hosts']} L{config['learners']} "
-        f"s{config['max_staleness']} r{config['redundancy']}"
+        f"s{config['max_staleness']:g} r{config['redundancy']}"
     )

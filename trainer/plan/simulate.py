@@ -311,7 +311,7 @@ class _Simulator:
     def _fill(self) -> None:
         """Start groups while the producer's concurrency and the queue's admission allow."""
         concurrency = max(self.c.concurrent_groups, self.c.groups_per_step)
-        capacity = self.c.staleness.capacity(self.version, self.c.groups_per_step)
+        capacity = self.c.staleness.capacity(self.version, self.c.groups_per_step, self.learning or self.publishing)
         while self.in_flight < concurrency and self.started - self.discarded < capacity:
             self.started += 1
             self.in_flight += 1
@@ -372,6 +372,7 @@ class _Simulator:
         tokens = sum(ep.trace.total_tokens for g in self.batch for ep in g.kept)
         self.learning = True
         self._start(_Activity("learn", self.m.learner.step_s(tokens, self.c.learners)))
+        self._fill()  # a fractional staleness bound admits the next step's early groups while the learner works
 
     def _published(self) -> None:
         self.publishing = False
