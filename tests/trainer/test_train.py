@@ -149,6 +149,17 @@ async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
     assert late > early + 0.08, rewards  # seen: 0.37 -> 0.49..0.58 in 25-35 s
 
 
+async def test_a_fractional_staleness_bound_trains_on_batches_part_one_version_old(tmp_path):
+    config = tiny_config(tmp_path, mode="async", max_staleness=0.5)  # 1 of the 2 groups a step may start early
+    config.budget.steps, config.budget.checkpoint_every, config.rollout.concurrent_groups = 6, 100, 4
+    config.algorithm.filter_zero_variance = False  # a collapsed policy keeps training: every run takes its 6 steps
+    result = await Trainer(config).run()
+    lags = [r["staleness"] for r in result.history]
+    assert result.last_step == 6 and all(0 <= lag <= 1 for lag in lags), lags
+    # whole-step async would train on batches one version old from step 2 on (mean 1); sync on none (0)
+    assert 0.2 < sum(lags[1:]) / len(lags[1:]) < 0.8, lags
+
+
 def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
     from envhub.trainer.train import off_policy_warning
 
