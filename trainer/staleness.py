@@ -1,6 +1,7 @@
 """The staleness rule of async training, decided in one place.
 
-A model token is *stale* when the policy version that sampled it is older than `learner_version - max_staleness`.
+A model token is *stale* when the policy version that sampled it is older than `learner_version - max_staleness`
+(the bound rounded up to whole versions).
 The queue uses the rule to admit work (at most `max_staleness + 1` steps' worth of groups in flight) and to drop a
 finished group none of whose tokens the learner could use; the learner uses it to weigh each token: stale tokens
 are masked out of the loss (`stale: drop`) or importance-corrected (`stale: correct`). A long multi-turn episode
@@ -8,8 +9,7 @@ therefore loses only its old tokens, never the whole episode. Sync training is t
 
 The bound may be fractional (verl's `staleness_threshold`, "0.x-step" asynchrony): at 0.5 with 4 groups a step, 2
 groups of step v+1 may start on version v once the learner has taken its batch for step v, and the other 2 wait for
-v+1. Tokens
-may then lag by `ceil(max_staleness)` whole versions; only the admission is finer.
+v+1. Tokens may then lag by `ceil(max_staleness)` whole versions; only the admission is finer.
 """
 
 from __future__ import annotations
