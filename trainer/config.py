@@ -338,17 +338,8 @@ class TrainConfig:
                 raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
         if self.rollout.group_size < 2:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
-        algo = self.algorithm
-        if algo.mode == "async" and algo.max_staleness < 0:
-            raise ConfigError("algorithm.max_staleness must be >= 0")
-        ahead = Staleness(algo.max_staleness).groups_ahead(algo.groups_per_step)
-        if algo.mode == "async" and algo.max_staleness > 0 and ahead == 0:
-            raise ConfigError(
-                f"algorithm.max_staleness {algo.max_staleness:g} x groups_per_step {algo.groups_per_step} rounds down "
-                "to 0 groups: no group of the next step may start before the learner publishes, which is sync training",
-                hint=f"max_staleness: {1 / algo.groups_per_step:g} (one group of the {algo.groups_per_step} a step) "
-                "or more, or mode: sync",
-            )
+        if self.algorithm.mode == "async":
+            Staleness(self.algorithm.max_staleness).check(self.algorithm.groups_per_step)
         self.algorithm.validate()
         self.engine.validate()
         if self.learner.devices < 1:

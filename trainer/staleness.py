@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
+from envhub.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -45,6 +47,17 @@ class Staleness:
         """The rule a config asks for: async mode's `max_staleness`, sync mode 0."""
         bound = algorithm.max_staleness if algorithm.mode == "async" else 0
         return cls(max_staleness=bound, mode=algorithm.stale)
+
+    def check(self, groups_per_step: int, name: str = "algorithm.max_staleness") -> None:
+        """ConfigError for a bound that is negative, or fractional yet too small to let one group start early."""
+        if self.max_staleness < 0:
+            raise ConfigError(f"{name} must be >= 0, got {self.max_staleness:g}")
+        if self.max_staleness > 0 and self.groups_ahead(groups_per_step) == 0:
+            raise ConfigError(
+                f"{name} {self.max_staleness:g} x {groups_per_step} groups a step rounds down to 0 groups: no group "
+                "of the next step may start before the learner publishes, which is sync training",
+                hint=f"{1 / groups_per_step:g} (one group of the {groups_per_step} a step) or more, or sync mode",
+            )
 
     @property
     def version_bound(self) -> int:

@@ -188,6 +188,9 @@ def test_bad_settings_are_refused():
     for bad in ({"engines": 0}, {"steps": 0}, {"redundancy": -1}, {"mode": "both"}, {"steps": 10**7}):
         with pytest.raises(ConfigError):
             simulate(model, PlanConfig(**bad))
+    with pytest.raises(ConfigError, match="max-staleness 0.1 x 4 groups a step rounds down to 0 groups"):
+        simulate(model, PlanConfig(max_staleness=0.1, groups_per_step=4))
+    simulate(model, PlanConfig(mode="sync", max_staleness=0.1, groups_per_step=4))  # sync uses no bound
 
 
 @pytest.fixture(scope="module")

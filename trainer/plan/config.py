@@ -37,6 +37,8 @@ class PlanConfig:
         for name in ("max_staleness", "redundancy", "concurrent_groups", "env_slots"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.mode == "async":
+            Staleness(self.max_staleness).check(self.groups_per_step, "max-staleness")
         if self.mode not in ("sync", "async"):
             raise ConfigError(f"unknown mode {self.mode!r}", hint="sync or async")
         episodes = self.steps * self.groups_per_step * (self.group_size + self.redundancy)
