@@ -79,9 +79,9 @@ class Staleness:
         on its batch for `learner_version` (`learning`). Admitted earlier, at the publish, they would run beside the
         groups that complete the learner's next batch, slowing them, instead of using the time the learner works.
         """
-        whole = math.floor(self.max_staleness + 1e-9)
-        partial = self.groups_ahead(groups_per_step) - whole * groups_per_step
-        return (learner_version + 1 + whole) * groups_per_step + (partial if learning else 0)
+        ahead = self.groups_ahead(groups_per_step)
+        partial = ahead % groups_per_step  # the groups of the fractional part, beyond its whole steps
+        return (learner_version + 1) * groups_per_step + ahead - (0 if learning else partial)
 
     def stale_tokens(self, versions: torch.Tensor, loss_mask: torch.Tensor, learner_version: int) -> torch.Tensor:
         """Boolean mask of the model tokens older than the bound ([B, T] like `versions`)."""
