@@ -3,7 +3,7 @@
     python benchmarks/learning_parity.py [--config configs/ci-tiny.yaml] [--steps 16] [--seeds 0,1,2]
         [--variant ppo|vanilla|tis|cispo|topr|decoupled] [--max-staleness 1]
         [--is-correction none|token|sequence|geometric]
-        [--eval-episodes 64] [--temperature 1.0] [--set algorithm.lr=0.002 ...]
+        [--eval-episodes 64] [--temperature 1.0] [--set algorithm.lr=0.002 ...] [--warm-start DIR]
         [--out benchmarks/results/learning_parity.json]
     python benchmarks/learning_parity.py --merge A.json B.json --out C.json   # seeds run apart, one comparison
 
@@ -25,16 +25,24 @@ last training batch reward and mean staleness.
 `--temperature` is the evaluation temperature: 1.0 (default) measures the policy's expected reward, needed for
 Letters-v0 whose prompt does not vary with the seed (greedy would be one sample); 0 evaluates greedily.
 `--set KEY=VALUE` overrides any config field by its dotted path (the value is read as YAML).
+
+`--warm-start DIR` compares RL alone from one SFT checkpoint: the config's `sft:` stage runs once (with the config's
+own seed) and is saved to DIR as a Hugging Face model directory, then every run of every seed starts from it
+(`model.name` DIR, no SFT stage of its own, so its "before" evaluation is the checkpoint's). A DIR this benchmark made
+before is reused when the model, tasks and SFT settings agree (it is refused, naming the section, when they do not),
+so seeds run in batches and merged with `--merge` share the checkpoint; the files record its weights' SHA-256.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import os
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -44,14 +52,18 @@ import torch
 import yaml
 
 from envhub.errors import ConfigError
-from envhub.trainer.config import TrainConfig, config_from_dict
+from envhub.trainer.config import TrainConfig, config_from_dict, config_to_dict
 from envhub.trainer.learner.is_correction import LEVELS
 from envhub.trainer.learner.pg_variants import PG_VARIANTS
+from envhub.trainer.models import build_policy
+from envhub.trainer.sft import warm_start
 from envhub.trainer.train import Trainer, learner_stat
 
 MODES = ("sync", "async")
 VARIANTS = tuple(PG_VARIANTS)  # the learner's registry: a new variant is a --variant choice with nothing to edit here
 IS_LEVELS = ("none", *LEVELS)
+WARM_START_RECORD = "warm_start.json"  # what made a --warm-start directory; its presence marks one finished
+WARM_START_SECTIONS = ("model", "tasks", "sft")  # the config sections that decide the checkpoint
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -77,7 +89,7 @@ def build_config(
     overrides: list[str],
     *,
     mode: str,
-    seed: int,
+    seed: int | None,
     steps: int,
     eval_episodes: int,
     temperature: float,
@@ -91,12 +103,14 @@ def build_config(
     The config's own `budget.max_time_s` is replaced by `max_time_s` (0 = none): a wall-time limit would stop the
     slower mode after fewer steps, and the comparison is at equal steps. For the same reason zero-variance groups are
     kept (`filter_zero_variance: false`): filtering them is what stops a run early as converged or collapsed.
-    `variant` and `is_correction` (None = the config's) apply to both modes, `max_staleness` to async only.
+    `variant` and `is_correction` (None = the config's) apply to both modes, `max_staleness` to async only; `seed`
+    None keeps the config's.
     """
     data = yaml.safe_load(Path(path).read_text()) or {}
     for assignment in overrides:
         apply_override(data, assignment)
-    data["seed"] = seed
+    if seed is not None:
+        data["seed"] = seed
     algorithm = data.setdefault("algorithm", {})
     algorithm["mode"] = mode
     algorithm["filter_zero_variance"] = False
@@ -150,6 +164,68 @@ async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
         "mean_kl_behavior": history_mean(result.history, "kl_behavior"),
         "batch_reward_by_step": [round(r.get("batch_reward", 0.0), 4) for r in result.history],
     }
+
+
+def weights_digest(directory: Path) -> str:
+    """SHA-256 over a model directory's safetensors files (name and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.glob("*.safetensors")):
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def warm_start_checkpoint(config: TrainConfig, directory: Path) -> dict[str, Any]:
+    """`config`'s SFT stage run once and saved to `directory`, or the checkpoint a previous run saved there.
+
+    Returns the directory's record: the config sections it was made from, the seed, the SFT statistics and the
+    weights' SHA-256. The checkpoint is written beside `directory` and renamed into place when complete, so an
+    interrupted stage leaves nothing that a later run would take for a checkpoint.
+    """
+    made_from = json.loads(json.dumps({key: config_to_dict(config)[key] for key in WARM_START_SECTIONS}))
+    record_path = directory / WARM_START_RECORD
+    if record_path.exists():
+        try:
+            record = json.loads(record_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--warm-start {directory}: {WARM_START_RECORD} is not JSON ({exc})") from None
+        for key in WARM_START_SECTIONS:
+            theirs = (record.get("made_from") or {}).get(key)
+            if theirs != made_from[key]:
+                raise ConfigError(
+                    f"--warm-start {directory} was made with another {key}: section ({theirs!r}; this run's is"
+                    f" {made_from[key]!r})",
+                    hint="give a new directory for these settings, or the settings that made this one",
+                )
+        print(f"warm start: reusing {directory} (SFT with seed {record.get('seed')})", flush=True)
+        return record
+    if directory.exists() and any(directory.iterdir()):
+        raise ConfigError(
+            f"--warm-start {directory} exists and is not a checkpoint this benchmark made (no {WARM_START_RECORD})",
+            hint="give a new or empty directory",
+        )
+    if not (config.sft.collect or config.sft.data):
+        raise ConfigError(
+            "--warm-start: the config has no SFT stage to run once (sft.collect and sft.data are unset)",
+            hint="set one, e.g. --set sft.collect=32 (expert episodes per task), or drop --warm-start",
+        )
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    model, tokenizer = build_policy(config.model, config.seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stats = asyncio.run(warm_start(model, tokenizer, config, pad_id, partial))
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    record = {"made_from": made_from, "seed": config.seed, "sft": stats, "weights_sha256": weights_digest(partial)}
+    (partial / WARM_START_RECORD).write_text(json.dumps(record, indent=2))
+    if directory.exists():
+        directory.rmdir()  # empty, checked above
+    partial.rename(directory)
+    print(f"warm start: saved the SFT checkpoint to {directory}", flush=True)
+    return record
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -224,6 +300,7 @@ SETTINGS = (
     "max_time_s",
     "pg_variant",
     "is_correction",
+    "warm_start_weights_sha256",
     "async_max_staleness",
     "model",
 )
@@ -300,6 +377,11 @@ def parse_args() -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="override a config field by dotted path, e.g. algorithm.lr=0.002 (repeatable)",
+    )
+    parser.add_argument(
+        "--warm-start",
+        metavar="DIR",
+        help="run the config's SFT stage once into DIR (or reuse it) and start every run from that checkpoint",
     )
     parser.add_argument("--out", default="benchmarks/results/learning_parity.json")
     parser.add_argument(
@@ -394,23 +476,42 @@ def main() -> None:
             raise SystemExit(f"learning_parity: {exc}") from None
         return
     seeds = args.seed_list
-    configs = {
-        (mode, seed): build_config(
-            args.config,
-            args.overrides,
-            mode=mode,
-            seed=seed,
-            steps=args.steps,
-            eval_episodes=args.eval_episodes,
-            temperature=args.temperature,
-            max_time_s=args.max_time_s,
-            variant=args.variant,
-            max_staleness=args.max_staleness,
-            is_correction=args.is_correction,
+
+    def every_config(overrides: list[str]) -> dict[tuple[str, int], TrainConfig]:
+        return {
+            (mode, seed): build_config(
+                args.config,
+                overrides,
+                mode=mode,
+                seed=seed,
+                steps=args.steps,
+                eval_episodes=args.eval_episodes,
+                temperature=args.temperature,
+                max_time_s=args.max_time_s,
+                variant=args.variant,
+                max_staleness=args.max_staleness,
+                is_correction=args.is_correction,
+            )
+            for seed in seeds
+            for mode in MODES
+        }
+
+    configs = every_config(args.overrides)  # every config is validated before the first run (or SFT stage) starts
+    warm: dict[str, Any] = {}
+    if args.warm_start:
+        directory = Path(args.warm_start).expanduser().resolve()
+        try:
+            base = build_config(  # the config's own seed: the checkpoint is not one of the compared seeds'
+                args.config, args.overrides, mode="sync", seed=None, steps=args.steps, eval_episodes=1, temperature=0
+            )
+            record = warm_start_checkpoint(base, directory)
+        except ConfigError as exc:
+            raise SystemExit(f"learning_parity: {exc}") from None
+        warm = {"warm_start": {"dir": str(directory), **record}, "warm_start_weights_sha256": record["weights_sha256"]}
+        # RL from the checkpoint: no SFT stage of its own, so each run's "before" evaluation is the checkpoint's
+        configs = every_config(
+            [*args.overrides, f"model.name={directory}", "sft.collect=0", "sft.data=''", "evaluation.after_sft=false"]
         )
-        for seed in seeds
-        for mode in MODES
-    }  # every config is validated before the first run starts
     load = os.getloadavg()[0]
     started = time.monotonic()
     path = Path(args.out)
@@ -431,6 +532,7 @@ def main() -> None:
         "cpu_threads": torch.get_num_threads(),
         "load_avg_1m": load,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **warm,
     }
     runs = run_all(configs, seeds, header, path)
     summary = summarise(runs)

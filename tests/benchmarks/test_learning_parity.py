@@ -293,3 +293,83 @@ def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path):
         report["runs"]["async"][0]["eval_after"] - report["runs"]["sync"][0]["eval_after"]
     ]
     assert "async - sync final eval" in proc.stdout
+
+
+WARM_CONFIG = """
+model: {name: tiny, tiny_layers: 1, tiny_hidden: 32}
+engine: {kind: local, max_batch_size: 8}
+tasks:
+  - env: FrozenLake-v0
+    kwargs: {size: 3, spaced: true}
+rollout: {group_size: 2, max_turns: 2, max_new_tokens: 8, temperature: 1.0, concurrent_groups: 2}
+algorithm: {mode: sync, groups_per_step: 2, lr: 0.001}
+sft: {collect: 2, max_tokens: 256, lr: 0.001}
+evaluation: {episodes: 2}
+seed: 7
+"""
+
+
+def run_parity(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "learning_parity.py"), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_warm_start_runs_sft_once_and_every_run_starts_from_its_checkpoint(tmp_path):
+    config = tmp_path / "warm.yaml"
+    config.write_text(WARM_CONFIG)
+    checkpoint, out = tmp_path / "sft", tmp_path / "parity.json"
+    common = ["--config", str(config), "--steps", "1", "--eval-episodes", "2", "--temperature", "0"]
+    proc = run_parity(*common, "--seeds", "0,1", "--warm-start", str(checkpoint), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("sft:") == 1 and "saved the SFT checkpoint" in proc.stdout
+    record = json.loads((checkpoint / "warm_start.json").read_text())
+    assert (checkpoint / "config.json").exists() and list(checkpoint.glob("*.safetensors"))
+    assert record["seed"] == 7 and record["sft"]["examples"] > 0 and not (tmp_path / "sft.partial").exists()
+    assert record["weights_sha256"] == parity.weights_digest(checkpoint)
+    report = json.loads(out.read_text())
+    assert report["warm_start_weights_sha256"] == record["weights_sha256"]
+    assert report["warm_start"]["dir"] == str(checkpoint.resolve()) and report["overrides"] == []
+    # one checkpoint, greedy held-out episodes: every run of every seed scores it the same before RL
+    befores = {run["eval_before"] for mode in ("sync", "async") for run in report["runs"][mode]}
+    assert len(befores) == 1 and all(run["eval_sft"] is None for run in report["runs"]["sync"])
+
+    # a later batch of seeds reuses it (no second SFT stage) and merges with the first
+    second = tmp_path / "parity2.json"
+    proc = run_parity(*common, "--seeds", "2", "--warm-start", str(checkpoint), "--out", str(second))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "reusing" in proc.stdout and "sft:" not in proc.stdout
+    merged = parity.merge_results([("a", report), ("b", json.loads(second.read_text()))])
+    assert merged["seeds"] == [0, 1, 2]
+    with pytest.raises(ConfigError, match="warm_start_weights_sha256"):
+        parity.merge_results([("a", report), ("c", {**report, "warm_start_weights_sha256": "0" * 64})])
+
+    # other SFT settings may not reuse it: refused before any training, naming the section
+    proc = run_parity(*common, "--set", "sft.lr=0.01", "--warm-start", str(checkpoint), "--out", str(second))
+    assert proc.returncode == 1 and "made with another sft: section" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("none", "no SFT stage"),  # ci-tiny has no sft: section
+        ("foreign", "is not a checkpoint this benchmark made"),
+        ("broken", "warm_start.json is not JSON"),
+    ],
+)
+def test_warm_start_refuses_what_it_cannot_use_before_training(tmp_path, setup, message):
+    checkpoint = tmp_path / "sft"
+    config = "configs/ci-tiny.yaml"
+    if setup != "none":
+        (tmp_path / "warm.yaml").write_text(WARM_CONFIG)
+        config = str(tmp_path / "warm.yaml")
+        checkpoint.mkdir()
+        (checkpoint / ("notes.txt" if setup == "foreign" else "warm_start.json")).write_text("{")
+    proc = run_parity("--config", config, "--warm-start", str(checkpoint), "--out", str(tmp_path / "p.json"))
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "p.json").exists()
