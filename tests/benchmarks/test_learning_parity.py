@@ -222,7 +222,7 @@ def test_variant_and_correction_reach_both_modes_and_staleness_only_async():
         assert config.algorithm.pg_variant == "topr" and config.algorithm.is_correction.level == "sequence"
         assert not config.algorithm.filter_zero_variance  # equal steps: no converged / collapsed early stop
     assert configs["async"].algorithm.max_staleness == 3
-    assert configs["sync"].algorithm.max_staleness == 1  # the config's; sync runs at staleness 0 regardless
+    assert configs["sync"].algorithm.max_staleness == 0.5  # the config's; sync runs at staleness 0 regardless
 
 
 def test_the_demo_config_builds_with_its_sft_stage():
