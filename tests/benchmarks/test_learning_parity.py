@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import ConfigError
+from envhub.trainer.staleness import Staleness
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("learning_parity", ROOT / "benchmarks" / "learning_parity.py")
@@ -223,6 +224,15 @@ def test_variant_and_correction_reach_both_modes_and_staleness_only_async():
         assert not config.algorithm.filter_zero_variance  # equal steps: no converged / collapsed early stop
     assert configs["async"].algorithm.max_staleness == 3
     assert configs["sync"].algorithm.max_staleness == 0.5  # the config's; sync runs at staleness 0 regardless
+
+
+def test_ci_tiny_trained_async_takes_its_half_step_bound():
+    config = parity.build_config(
+        str(ROOT / "configs" / "ci-tiny.yaml"), [], mode="async", seed=0, steps=2, eval_episodes=2, temperature=1.0
+    )
+    staleness = Staleness.from_config(config.algorithm)  # the bound that matched sync over 40 seeds
+    assert staleness.max_staleness == 0.5 and staleness.groups_ahead(config.algorithm.groups_per_step) == 2
+    assert staleness.version_bound == 1
 
 
 def test_the_demo_config_builds_with_its_sft_stage():
