@@ -215,8 +215,7 @@ def warm_start_checkpoint(config: TrainConfig, directory: Path) -> dict[str, Any
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     model, tokenizer = build_policy(config.model, config.seed)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stats = asyncio.run(warm_start(model, tokenizer, config, pad_id, partial))
+    stats = asyncio.run(warm_start(model, tokenizer, config, partial))
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     record = {"made_from": made_from, "seed": config.seed, "sft": stats, "weights_sha256": weights_digest(partial)}

@@ -160,8 +160,9 @@ def run_sft(
     }
 
 
-async def warm_start(model: Any, tokenizer: Any, config: Any, pad_id: int, out_dir: str | Path) -> dict[str, float]:
-    """The train config's `sft:` stage: collect expert data if asked, then fine-tune `model` in place."""
+async def warm_start(model: Any, tokenizer: Any, config: Any, out_dir: str | Path) -> dict[str, float]:
+    """The train config's `sft:` stage: collect expert data if asked, then fine-tune `model` in place (padding with
+    the tokenizer's pad token, else its end-of-sequence token)."""
     import asyncio
 
     sft = config.sft
@@ -169,6 +170,7 @@ async def warm_start(model: Any, tokenizer: Any, config: Any, pad_id: int, out_d
     if sft.collect:
         data = await collect_expert_data(config, data)
     examples = load_examples(data, tokenizer, sft.max_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     from envhub.trainer.engines.compute_thread import releasing_openmp
 
     stats = await asyncio.to_thread(

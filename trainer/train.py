@@ -271,8 +271,7 @@ class Trainer:
         if evaluation is not None:
             await evaluation.measure("before", model, tokenizer)
         if (cfg.sft.data or cfg.sft.collect) and not resuming:
-            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-            self.sft_stats = await warm_start(model, tokenizer, cfg, pad_id, self.out_dir)
+            self.sft_stats = await warm_start(model, tokenizer, cfg, self.out_dir)
             if evaluation is not None and cfg.evaluation.after_sft:
                 await evaluation.measure("sft", model, tokenizer)
         if evaluation is None:
