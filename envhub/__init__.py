@@ -14,12 +14,13 @@ from envhub.errors import (
     ResetNeeded,
     SandboxError,
 )
-from envhub.registry import EnvSpec, list_envs, load_plugins, make, make_multiagent, register, spec
+from envhub.registry import EnvSpec, as_async, list_envs, load_plugins, make, make_multiagent, register, spec
 from envhub.remote import RemoteEnv, RemoteError
 from envhub.selfplay import SelfPlay
 from envhub.toolcalls import ParsedAction, ToolCall, parse_tool_calls
 from envhub.toolenv import SandboxSpec, SandboxToolEnv, ToolEnv
 from envhub.tools import Tool, ToolContext, tool
+from envhub.wrappers import Wrapper
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,8 @@ __all__ = [
     "ToolContext",
     "ToolEnv",
     "UnicodeText",
+    "Wrapper",
+    "as_async",
     "list_envs",
     "make",
     "make_multiagent",

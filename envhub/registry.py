@@ -12,13 +12,14 @@ import importlib.metadata
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 from envhub.errors import EnvNotFound, EnvUnavailable, RegistrationError
+from envhub.wrappers import apply_wrappers, async_close, async_reset, async_step, check_async_stack
 
 NAMESPACE = "envhub"
 ENTRY_POINT_GROUP = "envhub.envs"
@@ -39,6 +40,8 @@ class EnvSpec:
     source: str = "envhub"
     #: what the env needs from this machine (`envhub.availability`), e.g. ("java",)
     requires: tuple[str, ...] = ()
+    #: callables env -> wrapped env applied (innermost first) to every env made from this spec, on both paths
+    wrappers: tuple[Callable[[Any], Any], ...] = ()
 
     @property
     def gym_id(self) -> str:
@@ -83,8 +86,13 @@ def register(
     multiagent: bool = False,
     source: str | None = None,
     requires: tuple[str, ...] | list[str] = (),
+    wrappers: tuple[Callable[[Any], Any], ...] | list[Callable[[Any], Any]] = (),
 ) -> EnvSpec:
-    """Register an environment under `id` (e.g. "MyEnv-v0") in envhub and in gymnasium."""
+    """Register an environment under `id` (e.g. "MyEnv-v0") in envhub and in gymnasium.
+
+    `wrappers` (each a callable env -> wrapped env, such as a gymnasium wrapper class or a `functools.partial` of
+    one) wrap every env made from the spec, inside gymnasium's own (`TimeLimit`), and run on the async path too.
+    """
     env_id = _normalize(id)
     if not _ID_PATTERN.match(env_id):
         raise RegistrationError(
@@ -98,6 +106,12 @@ def register(
         )
     if max_episode_steps is not None and max_episode_steps <= 0:
         raise RegistrationError(f"max_episode_steps must be positive for {env_id}, got {max_episode_steps}")
+    not_callable = [w for w in wrappers if not callable(w)]
+    if not_callable:
+        raise RegistrationError(
+            f"wrappers of {env_id} must be callables env -> wrapped env, got {not_callable[0]!r}",
+            hint="pass a gymnasium wrapper class, or functools.partial(WrapperClass, **its_arguments)",
+        )
     tag_tuple = tuple(tags) + (("multi-agent",) if multiagent and "multi-agent" not in tags else ())
     spec = EnvSpec(
         id=env_id,
@@ -109,6 +123,7 @@ def register(
         multiagent=multiagent,
         source=source or _current_source,
         requires=tuple(requires),
+        wrappers=tuple(wrappers),
     )
     _registry[env_id] = spec
     if not multiagent:
@@ -116,11 +131,20 @@ def register(
         gym_registry.pop(spec.gym_id, None)  # re-registering replaces, without gymnasium's warning
         gym.register(
             id=spec.gym_id,
-            entry_point=entry_point,
+            entry_point=_wrapped_entry_point(spec) if spec.wrappers else entry_point,
             kwargs=dict(spec.kwargs),
             max_episode_steps=max_episode_steps,
         )
     return spec
+
+
+def _wrapped_entry_point(env_spec: EnvSpec) -> Callable[..., Any]:
+    """The entry point gymnasium calls for a spec with wrappers: the env, wrapped (so `gym.make` applies them too)."""
+
+    def make_wrapped(**kwargs: Any) -> Any:
+        return apply_wrappers(env_spec.load()(**kwargs), env_spec.wrappers)
+
+    return make_wrapped
 
 
 def spec(env_id: str) -> EnvSpec:
@@ -203,29 +227,29 @@ def load_plugins() -> None:
 
 
 class AsyncEnvWrapper(gym.Wrapper):
-    """Outermost wrapper of `envhub.make`: the sync path runs through gymnasium's wrappers and the
-    async path (`areset`/`astep`/`aclose`) reaches the env with the same step limit applied."""
+    """Outermost wrapper of `envhub.make`: `reset`/`step` run gymnasium's wrapper stack, and `areset`/`astep`/
+    `aclose` run the same stack on the async path (`envhub.wrappers`)."""
 
     def __init__(self, env: gym.Env) -> None:
+        check_async_stack(env)
         super().__init__(env)
-        self._max_episode_steps = env.spec.max_episode_steps if env.spec is not None else None
-        self._elapsed_steps = 0
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        self._elapsed_steps = 0
-        return await self.unwrapped.areset(seed=seed, options=options)
+        return await async_reset(self.env, seed=seed, options=options)
 
     async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = await self.unwrapped.astep(action)
-        self._elapsed_steps += 1
-        if self._max_episode_steps is not None and self._elapsed_steps >= self._max_episode_steps and not terminated:
-            truncated = True
-        return obs, reward, terminated, truncated, info
+        return await async_step(self.env, action)
 
     async def aclose(self) -> None:
-        await self.unwrapped.aclose()
+        await async_close(self.env)
+
+
+def as_async(env: Any) -> AsyncEnvWrapper:
+    """`env` with `areset`/`astep`/`aclose` that run its whole wrapper stack; an env `envhub.make` returned is
+    returned as is. Refuses (RegistrationError) a stack holding a wrapper the async path cannot run."""
+    return env if isinstance(env, AsyncEnvWrapper) else AsyncEnvWrapper(env)
 
 
 def check_available(env_spec: EnvSpec) -> None:
@@ -237,8 +261,12 @@ def check_available(env_spec: EnvSpec) -> None:
         raise EnvUnavailable(f"{env_spec.id} cannot run here: {found[0]}", hint=found[1])
 
 
-def make(env_id: str, **kwargs: Any) -> AsyncEnvWrapper:
-    """Build a single-agent env by id (with or without the `envhub/` prefix); kwargs override the spec's."""
+def make(env_id: str, *, wrappers: Iterable[Callable[[Any], Any]] = (), **kwargs: Any) -> AsyncEnvWrapper:
+    """Build a single-agent env by id (with or without the `envhub/` prefix); kwargs override the spec's.
+
+    `wrappers` (callables env -> wrapped env, innermost first) go around gymnasium's stack; like the spec's own,
+    they run on the sync and the async path alike, or are refused here when the async path cannot run them.
+    """
     env_spec = spec(env_id)
     check_available(env_spec)
     if env_spec.multiagent:
@@ -246,7 +274,7 @@ def make(env_id: str, **kwargs: Any) -> AsyncEnvWrapper:
             f"{env_spec.id} is a multi-agent environment",
             hint=f"use envhub.make_multiagent({env_spec.id!r}), or envhub.SelfPlay({env_spec.id!r}) for one seat",
         )
-    return AsyncEnvWrapper(gym.make(env_spec.gym_id, **kwargs))
+    return AsyncEnvWrapper(apply_wrappers(gym.make(env_spec.gym_id, **kwargs), wrappers))
 
 
 def make_multiagent(env_id: str, **kwargs: Any) -> Any:

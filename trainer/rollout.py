@@ -18,6 +18,7 @@ from typing import Any
 
 from envhub.chat_tokens import ChatTokens, chat_stop_ids
 from envhub.inference import InferenceEngine, SamplingParams
+from envhub.registry import as_async
 from envhub.trainer.config import RolloutConfig
 from envhub.trainer.engines.routing import episode_key
 from envhub.trainer.trajectory import Trajectory
@@ -97,7 +98,7 @@ class RolloutWorker:
         self.episodes_running += 1
         try:
             state.stage = "build"
-            env = make_env()
+            env = as_async(make_env())  # a factory's own gymnasium wrappers run on the async path too
             finish = await asyncio.wait_for(self._play(env, seed, state), timeout=self.config.episode_timeout_s)
         except TimeoutError:
             self.episodes_timed_out += 1

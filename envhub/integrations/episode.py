@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.chat_tokens import ChatTokens, chat_stop_ids
+from envhub.registry import as_async
 
 #: (all ids so far, most new tokens) -> (new ids, their logprobs or None)
 Generate = Callable[[list[int], int], Awaitable[tuple[list[int], list[float] | None]]]
@@ -73,6 +74,7 @@ async def play_episode(
     max_new_tokens: int | None = None,
 ) -> TokenEpisode:
     """Play `env` to its end with `generate`, within `max_turns` model turns and `max_response_tokens`."""
+    env = as_async(env)  # its own gymnasium wrappers, if any, run on the async path too
     obs, info = await env.areset(seed=seed, options=options)
     chat = ChatTokens(tokenizer, tools=info.get("tools"))
     stop_ids = chat_stop_ids(tokenizer)
