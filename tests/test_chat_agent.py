@@ -14,6 +14,7 @@ from envhub.agents import AgentError
 from envhub.agents.chat import CONTEXT_MARKER, ChatAgent, ChatEndpoint
 from envhub.cli.agent_spec import make_agent_factory
 from envhub.eval import EvalConfig, evaluate
+from tests.conftest import default_sigint
 from tests.openai_server import compat_server, openai_server  # noqa: F401  (fixtures)
 
 pytest.importorskip("openai")
@@ -267,10 +268,6 @@ def test_ctrl_c_keeps_finished_episodes_and_the_rerun_completes(openai_server, t
         str(out),
         "--quiet",
     ]
-
-    def default_sigint() -> None:  # earlier tests in this pytest process may leave SIGINT ignored or blocked,
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and a child inherits both across exec
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint

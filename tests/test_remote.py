@@ -165,7 +165,9 @@ def test_client_errors_are_envhub_errors(env_server):
 def test_too_many_sessions_get_429_and_idle_ones_are_reaped():
     from tests.conftest import start_server
 
-    running, stop = start_server(idle_timeout=0.3, max_sessions=2)
+    # idle_timeout bounds the time between the first reset and the refused third one: under a loaded parallel suite
+    # 0.3 s was once too short (the first two were reaped before the third asked)
+    running, stop = start_server(idle_timeout=2.0, max_sessions=2)
     try:
         first, second = (RemoteEnv(running.url, "TicTacToe-SelfPlay-v0") for _ in range(2))
         first.reset(seed=0)
@@ -174,7 +176,7 @@ def test_too_many_sessions_get_429_and_idle_ones_are_reaped():
         with pytest.raises(RemoteError, match="429") as err:
             third.reset(seed=0)
         assert "maximum of 2 sessions" in str(err.value)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while running.server.sessions and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not running.server.sessions and running.server.reaped == 2

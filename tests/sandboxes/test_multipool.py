@@ -1,13 +1,15 @@
 """`MultiImagePool`: warm spares per image under one budget, LRU eviction, one global bound, clear errors."""
 
 import asyncio
+import os
 
 import pytest
 
 from envhub.errors import SandboxError
 from envhub.sandboxes.multipool import MultiImagePool
 
-TAGS = [f"envhub-test/multipool-{name}:1" for name in "abc"]
+# names of this process's own: parallel workers each tag and remove theirs
+TAGS = [f"envhub-test/multipool-{name}:{os.getpid()}" for name in "abc"]
 
 
 @pytest.fixture(scope="module")

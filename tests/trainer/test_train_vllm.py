@@ -18,7 +18,9 @@ from envhub.trainer.engines.launcher import SHM, _group_members
 from envhub.trainer.train import Trainer
 from tests.vllm_support import require_vllm
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs every vLLM test: vLLM pins its OpenMP threads to the cores, and the training tests check
+# /dev/shm as a whole for the weights the pushes leave behind
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.trainer.engines.launcher import SHM, ManagedServer, _group_members, free_port, module_command
+from tests.conftest import default_sigint
 
 # A server with a child in its process group; its /health answers 200.
 SERVER = textwrap.dedent(
@@ -134,7 +135,13 @@ def test_a_killed_server_leaves_no_shared_memory_behind(tmp_path):
 
 
 def run_parent(code: str) -> subprocess.CompletedProcess | subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,  # the Ctrl-C test needs the terminal's SIGINT, whatever pytest's worker has
+    )
 
 
 def test_the_server_dies_with_a_sigkilled_parent():

@@ -1,7 +1,7 @@
 """VLLMEngine and `envhub serve-engine --backend vllm` against one real vLLM server (CPU build) on 127.0.0.1.
 
-The server is started once for the module through the CLI (`--model tiny --rl-routes --api-key`): tiny_llama(seed
-0) with head_dim 32. The embedded engine and a plain forward pass over the same weights are the references: greedy ids
+The server is started once per test run through the CLI (`--model tiny --rl-routes --api-key`): tiny_llama(seed 0)
+with head_dim 32. The embedded engine and a plain forward pass over the same weights are the references: greedy ids
 must be equal and logprobs within 1e-4 (fp32; seen: 4e-6).
 """
 
@@ -31,14 +31,16 @@ from envhub.trainer.models import tiny_llama
 from envhub.trainer.rollout import RolloutWorker
 from tests.vllm_support import serve_engine_vllm
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs every vLLM test: vLLM pins its OpenMP threads to the cores, and the training tests check
+# /dev/shm as a whole for the weights the pushes leave behind
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 LOGPROB_TOL = 1e-4
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 LONG = 1800  # tokens per request in the push tests: long enough that a push lands mid-generation
 KEY = "envhub-test-key"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one start per run: a parallel worker may run other tests between these
 def vllm_url():
     with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", KEY) as url:
         yield url
