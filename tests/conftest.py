@@ -94,3 +94,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from tests.durations import load, longest_first
 
     items[:] = longest_first(items, load())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop at once when xdist's loadgroup did not group the `xdist_group` tests (as with pytest 9.2 and xdist 3.8):
+    the vLLM tests would then start servers on every worker and race over /dev/shm."""
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
+        return
+    ungrouped = [
+        item.nodeid for item in session.items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid
+    ]
+    if ungrouped:
+        pytest.exit(f"xdist_group marks were ignored ({ungrouped[0]} has no @group): check the pytest/xdist pins", 3)

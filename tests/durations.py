@@ -31,10 +31,17 @@ def load() -> dict[str, float]:
         return {}
 
 
+def plain_id(item: pytest.Item) -> str:
+    """The node id without the `@group` that xdist's loadgroup appends to the tests of an `xdist_group`."""
+    if item.get_closest_marker("xdist_group") is not None:
+        return item.nodeid.rsplit("@", 1)[0]
+    return item.nodeid
+
+
 def longest_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
     """`items` with the measured slow ones first, longest first; the others in their collected order."""
-    slow = sorted((item for item in items if item.nodeid in seconds), key=lambda item: -seconds[item.nodeid])
-    return slow + [item for item in items if item.nodeid not in seconds]
+    slow = sorted((item for item in items if plain_id(item) in seconds), key=lambda item: -seconds[plain_id(item)])
+    return slow + [item for item in items if plain_id(item) not in seconds]
 
 
 def parse(log: str) -> dict[str, float]:

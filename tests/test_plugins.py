@@ -1,5 +1,10 @@
-"""Third-party packages add envs through the `envhub.envs` entry-point group: a real pip install."""
+"""Third-party packages add envs through the `envhub.envs` entry-point group: a real pip install.
 
+The packages go into a folder of this test's own (`pip install --target`) that only its subprocesses have on their
+path: installed into the shared virtualenv, the broken one would warn in every other test's subprocess meanwhile.
+"""
+
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,8 +44,13 @@ def _pip(*args):
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True, capture_output=True, text=True)
 
 
-def _python(code):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+def _run(argv, site):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+def _python(code, site):
+    return _run([sys.executable, "-c", textwrap.dedent(code)], site)
 
 
 @pytest.fixture(scope="module")
@@ -73,15 +83,13 @@ def installed_plugins(tmp_path_factory):
         """,
     )
     broken = _write_package(root, BROKEN, "broken_env", "def register_envs():\n    raise RuntimeError('boom')\n")
-    _pip("install", "--no-deps", "--no-build-isolation", str(good), str(broken))
-    yield
-    _pip("uninstall", "-y", GOOD, BROKEN)
+    site = root / "site"
+    _pip("install", "--no-deps", "--no-build-isolation", "--target", str(site), str(good), str(broken))
+    return site
 
 
 def test_plugin_env_is_listed_and_works_with_gym_make(installed_plugins):
-    listing = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "list", "--tag", "plugin"], capture_output=True, text=True
-    )
+    listing = _run([sys.executable, "-m", "envhub.cli.main", "list", "--tag", "plugin"], installed_plugins)
     assert listing.returncode == 0
     assert "Countdown-v0" in listing.stdout and GOOD in listing.stdout  # the source package is named
     run = _python(
@@ -90,7 +98,8 @@ def test_plugin_env_is_listed_and_works_with_gym_make(installed_plugins):
         env = gym.make("envhub/Countdown-v0", start=2)
         env.reset(seed=0)
         print(env.step("next")[0], env.step("next")[1])
-        """
+        """,
+        installed_plugins,
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "left", "1.0"]
@@ -104,7 +113,8 @@ def test_broken_plugin_warns_with_its_package_name_and_builtins_still_work(insta
         import envhub
         ids = {s.id for s in envhub.list_envs()}
         print("FrozenLake-v0" in ids, "Sokoban-v0" in ids, "Countdown-v0" in ids)
-        """
+        """,
+        installed_plugins,
     )
     assert run.returncode == 0, run.stderr
     assert BROKEN in run.stderr and "boom" in run.stderr and "Built-in envs are unaffected" in run.stderr
