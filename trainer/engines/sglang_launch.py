@@ -135,13 +135,21 @@ def router_args(
     health_check_endpoint: str = "/ready",
     api_key: str = "",
     extra_args: Sequence[str] = (),
+    metrics_port: int | None = None,
 ) -> list[str]:
     """`sglang_router.launch_router` flags. Retries are off (a retried /generate would run twice); the health
-    check polls `/ready`, not `/health`, whose generation would mark a paused worker unhealthy."""
+    check polls `/ready`, not `/health`, whose generation would mark a paused worker unhealthy. The router's
+    Prometheus exporter gets `metrics_port`, or a free port: its default, 29000 for every router, made a second
+    router on the host (another run, a parallel test) exit at start."""
     if policy not in ROUTER_POLICIES:
         raise ConfigError(f"router policy must be one of {', '.join(ROUTER_POLICIES)}, got {policy!r}")
     args = ["--worker-urls", *worker_urls, "--host", host, "--port", str(port), "--policy", policy]
     args += ["--health-check-endpoint", health_check_endpoint, "--disable-retries"]
+    if metrics_port is None:
+        from envhub.trainer.engines.launcher import free_port
+
+        metrics_port = free_port(host)
+    args += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     if api_key:
         args += ["--api-key", api_key]  # the key the router sends to its workers
     return args + list(extra_args)

@@ -82,6 +82,10 @@ def test_router_command_line_parses_with_sglang_routers_own_parser():
     assert parsed.worker_urls == plan.worker_urls and parsed.port == 32000
     assert parsed.policy == "manual" and parsed.health_check_endpoint == "/ready"
     assert parsed.disable_retries and parsed.api_key == "k"
+    # its metrics exporter on a port of its own (sglang-router's default, 29000, is every router's)
+    assert parsed.prometheus_host == "127.0.0.1" and parsed.prometheus_port not in (29000, 32000)
+    again = launch_router.parse_router_args(router_args(plan.worker_urls, "127.0.0.1", 32001, metrics_port=32002))
+    assert again.prometheus_port == 32002
     with pytest.raises(ConfigError, match="router policy"):
         router_args(["http://a:1"], "127.0.0.1", 1, policy="fastest")
 
