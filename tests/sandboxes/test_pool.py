@@ -113,6 +113,12 @@ async def test_pool_start_removes_orphans(base_image):
     )
     async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
         pass
+    # a pool starting on another worker at the same moment may be the one removing it (Docker then answers this
+    # pool's removal with 409, removal in progress): wait for the removal, whoever does it
+    for _ in range(100):
+        if not shared_client().api.containers(all=True, filters={"id": container.id}):
+            break
+        await asyncio.sleep(0.1)
     assert not shared_client().api.containers(all=True, filters={"id": container.id})
 
 
