@@ -18,9 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from envhub.trainer.staleness import Staleness
-from envhub.trainer.trajectory import Trajectory
-
-Group = list[Trajectory]
+from envhub.trainer.trajectory import Group
 
 
 @dataclass

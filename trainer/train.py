@@ -50,10 +50,8 @@ from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.task_errors import TaskErrors
 from envhub.trainer.tasks import TaskSampler, env_factory
-from envhub.trainer.trajectory import Trajectory
+from envhub.trainer.trajectory import Group, Trajectory
 from envhub.user_modules import load_user_modules
-
-Group = list[Trajectory]
 
 
 def learner_stat(row: dict[str, Any], name: str, default: float) -> float:

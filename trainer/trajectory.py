@@ -51,3 +51,7 @@ class Trajectory:
         """The oldest policy version among the model's tokens (-1 when it produced none)."""
         model_versions = [v for v, m in zip(self.versions, self.loss_mask) if m]
         return min(model_versions) if model_versions else -1
+
+
+#: The episodes of one task seed that GRPO normalises together: what the rollout hands the queue and the learner.
+Group = list[Trajectory]
