@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from envhub.errors import EnvNotFound, EnvUnavailable, RegistrationError
-from envhub.wrappers import apply_wrappers, async_close, async_reset, async_step, check_async_stack
+from envhub.wrappers import Wrapper, apply_wrappers, check_async_stack
 
 NAMESPACE = "envhub"
 ENTRY_POINT_GROUP = "envhub.envs"
@@ -226,24 +226,13 @@ def load_plugins() -> None:
             _current_source = "user"
 
 
-class AsyncEnvWrapper(gym.Wrapper):
+class AsyncEnvWrapper(Wrapper):
     """Outermost wrapper of `envhub.make`: `reset`/`step` run gymnasium's wrapper stack, and `areset`/`astep`/
-    `aclose` run the same stack on the async path (`envhub.wrappers`)."""
+    `aclose` run the same stack on the async path (`envhub.wrappers`); a stack the async path cannot run is refused."""
 
     def __init__(self, env: gym.Env) -> None:
         check_async_stack(env)
         super().__init__(env)
-
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[str, dict[str, Any]]:
-        return await async_reset(self.env, seed=seed, options=options)
-
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return await async_step(self.env, action)
-
-    async def aclose(self) -> None:
-        await async_close(self.env)
 
 
 def as_async(env: Any) -> AsyncEnvWrapper:
