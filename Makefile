@@ -19,7 +19,7 @@ export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 MAKEFLAGS += --jobs=3
 # `make test`: xdist workers (tests/conftest.py gives each one torch thread, groups the vLLM tests on one worker and
 # starts the slowest tests first). One per core: a third made the suite slower (962 s against 877 s of pytest) and
-# Ray's node start time out.
+# timed out Ray's node start.
 TEST_WORKERS ?= 2
 STARTED := $(shell date +%s)
 
