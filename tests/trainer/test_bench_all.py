@@ -9,6 +9,10 @@ import pytest
 
 pytest.importorskip("ray")
 REPO = Path(__file__).resolve().parents[2]
+# On the vLLM tests' worker, one after another: its 8 Ray actors starting beside vLLM's start-up and the vLLM
+# training runs took 283 s of this test in a parallel suite (105 s beside lighter tests) and once scaled 8 workers
+# to 0.93x of one.
+pytestmark = pytest.mark.xdist_group("vllm")
 
 
 @pytest.mark.slow
