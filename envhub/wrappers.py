@@ -68,7 +68,7 @@ class Wrapper(gym.Wrapper):
 
 
 def _defines(cls: type, name: str, base: type) -> bool:
-    """Whether `cls` has its own `name`, not the one `base` (or gymnasium's Wrapper) gives it."""
+    """Whether `cls` has its own `name`, not the one `base` gives it."""
     found = getattr(cls, name, None)
     return found is not None and found is not getattr(base, name, None)
 
@@ -173,6 +173,9 @@ _ASYNC_RESET: dict[Callable[..., Any], AsyncReset] = {
 }
 
 
+SYNC = ("step", "reset")
+
+
 def _has_own_async(layer: Any) -> bool:
     return callable(getattr(type(layer), "astep", None))
 
@@ -187,10 +190,14 @@ def unsupported_layers(env: Any) -> list[str]:
     """Wrappers in `env`'s stack that the async path cannot run (each overrides `step` or `reset` itself)."""
     found = []
     for layer in _layers(env):
-        if _has_own_async(layer):
-            continue
         cls = type(layer)
-        if cls.step not in _ASYNC_STEP or cls.reset not in _ASYNC_RESET:
+        if isinstance(layer, Wrapper):  # its astep/areset run on the async path: a sync-only override is skipped there
+            runs = not any(_defines(cls, sync, Wrapper) and not _defines(cls, "a" + sync, Wrapper) for sync in SYNC)
+        elif _has_own_async(layer):
+            runs = True
+        else:
+            runs = cls.step in _ASYNC_STEP and cls.reset in _ASYNC_RESET
+        if not runs:
             found.append(f"{cls.__module__}.{cls.__qualname__}")
     return found
 

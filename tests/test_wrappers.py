@@ -66,6 +66,14 @@ class Bonus(envhub.Wrapper):
         return obs, reward + 0.5, terminated, truncated, {**info, "bonus": 0.5}
 
 
+class SyncOnlyBonus(envhub.Wrapper):
+    """An envhub wrapper that overrides only the sync step: its astep would pass through, skipping it."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward + 0.5, terminated, truncated, info
+
+
 class OwnStep(gym.Wrapper):
     """A wrapper with only the sync API and a step of its own: the async path cannot run it."""
 
@@ -170,6 +178,8 @@ def test_a_wrapper_that_overrides_step_is_refused_at_make_naming_it_and_the_fix(
     with pytest.raises(RegistrationError, match=r"OwnStep overrides step\(\) or reset\(\)") as caught:
         envhub.make("WrapCounter-v0", wrappers=[tenfold, OwnStep])
     assert "envhub.wrappers.Wrapper" in caught.value.hint and "RewardWrapper" in caught.value.hint
+    with pytest.raises(RegistrationError, match="SyncOnlyBonus"):
+        envhub.make("WrapCounter-v0", wrappers=[SyncOnlyBonus])
     envhub.register("WrapRefused-v0", Counter, wrappers=[OwnStep], tags=("test",))
     with pytest.raises(RegistrationError, match="OwnStep"):
         envhub.make("WrapRefused-v0")
