@@ -26,7 +26,7 @@ import psutil
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model
 
 

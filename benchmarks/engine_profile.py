@@ -24,8 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines import local as local_module
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded import engine as local_module
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model
 
 GROUPS = {

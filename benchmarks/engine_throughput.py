@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model
 
 QUESTIONS = [

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from envhub.inference import InferenceEngine, SamplingParams
-from envhub.trainer.engines.hardware import engine_dtype
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.hardware import engine_dtype
 from envhub.trainer.models import load_model, pick_device, resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -65,7 +65,7 @@ async def build_local(args: argparse.Namespace) -> tuple[InferenceEngine, dict[s
 
 async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
     model_dir = resolve_model_path(args.model)
-    from envhub.trainer.engines.vllm import VLLMEngine  # the trainer's own client: `make vllm` builds its venv
+    from envhub.trainer.engines.vllm.engine import VLLMEngine  # the trainer's own client: `make vllm` builds its venv
 
     started = time.perf_counter()
     engine = await VLLMEngine.launch(

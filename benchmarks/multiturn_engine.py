@@ -23,9 +23,9 @@ import torch
 
 import envhub
 from envhub.trainer.config import RolloutConfig
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model
-from envhub.trainer.rollout import RolloutWorker
+from envhub.trainer.rollout.worker import RolloutWorker
 
 
 async def play(engine: LocalEngine, tokenizer, envs: list[str], episodes: int, config: RolloutConfig) -> dict:

@@ -79,7 +79,7 @@ def engine(model_name: str, prompts: int, max_new_tokens: int) -> dict[str, Any]
     """LocalEngine batched tokens/s over a sequential model.generate loop, same prompts, greedy."""
     import engine_throughput as et
 
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
     from envhub.trainer.models import load_model
 
     model, tokenizer = load_model(model_name, device="cpu")
@@ -132,10 +132,10 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
 
     from envhub.trainer.bench import BENCH_ENV
     from envhub.trainer.config import config_from_dict
-    from envhub.trainer.engines.local import LocalEngine
-    from envhub.trainer.engines.server import start_engine_server
+    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.server.app import start_engine_server
     from envhub.trainer.models import build_policy
-    from envhub.trainer.ray_workers import RayOptions, RayRolloutSource
+    from envhub.trainer.rollout.ray_workers import RayOptions, RayRolloutSource
 
     _register_slow_letters()
     config = config_from_dict(

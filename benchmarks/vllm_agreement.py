@@ -32,9 +32,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import envhub
 from envhub.chat_tokens import ChatTokens
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
-from envhub.trainer.engines.vllm import VLLMEngine
-from envhub.trainer.engines.vllm_weights import served_model_dir
+from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.vllm.engine import VLLMEngine
+from envhub.trainer.engines.vllm.weights import served_model_dir
 
 ENVS = ("Math-v0", "Sokoban-v0", "Letters-v0")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model
 
 

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
-from envhub.trainer.engines.server import start_engine_server
-from envhub.trainer.engines.sglang import SGLangEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.server.app import start_engine_server
+from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.models import load_model
 
 MODES = ("none", "retract", "in_place")

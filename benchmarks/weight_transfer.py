@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
-from envhub.trainer.engines.sglang import SGLangEngine
-from envhub.trainer.engines.sglang_push import join_weight_group
+from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.protocol import join_weight_group
+from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.learner.precision import export_weights
 from envhub.trainer.models import load_model
 

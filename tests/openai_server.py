@@ -116,7 +116,7 @@ class CompatServer:
 def start_compat_server(engine: Any, model_name: str = "tiny-llama") -> tuple[CompatServer, Any]:
     """Serve-engine's app over `engine` on 127.0.0.1 (a free port) from a background thread; returns it and a stop
     function."""
-    from envhub.trainer.engines.server import create_app
+    from envhub.trainer.engines.server.app import create_app
 
     plan = FaultPlan()
     loop = asyncio.new_event_loop()
@@ -145,7 +145,7 @@ def start_compat_server(engine: Any, model_name: str = "tiny-llama") -> tuple[Co
 @pytest.fixture(scope="module")
 def compat_server() -> Iterator[CompatServer]:
     """One server per test module over a tiny random Llama with the SmolLM2 tokenizer."""
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
     from envhub.trainer.models import load_tokenizer, tiny_llama
 
     tokenizer = load_tokenizer("tiny")

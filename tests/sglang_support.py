@@ -186,8 +186,8 @@ async def recorded_server(engine, **options):
     """serve-engine on 127.0.0.1 recording every (path, JSON body) it is sent: (url, bodies, runner, state)."""
     from aiohttp import web
 
-    from envhub.trainer.engines.server import create_app
-    from envhub.trainer.engines.server_state import STATE_KEY
+    from envhub.trainer.engines.server.app import create_app
+    from envhub.trainer.engines.server.state import STATE_KEY
 
     bodies: list[tuple[str, dict]] = []
 

@@ -96,8 +96,8 @@ async def test_engine_agent_builds_the_same_tokens_as_the_rollout(tiny):
     from envhub.agents import EngineAgent
     from envhub.inference import SamplingParams
     from envhub.trainer.config import RolloutConfig
-    from envhub.trainer.engines.local import LocalEngine
-    from envhub.trainer.rollout import RolloutWorker
+    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.rollout.worker import RolloutWorker
 
     model, tokenizer = tiny
     engine = LocalEngine(model, tokenizer)
@@ -121,7 +121,7 @@ async def test_engine_agent_drops_oldest_turns_with_a_marker(tiny):
     from envhub.agents import EngineAgent
     from envhub.agents.chat import CONTEXT_MARKER
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
 
     model, tokenizer = tiny
     engine = LocalEngine(model, tokenizer)

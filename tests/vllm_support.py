@@ -34,7 +34,7 @@ def vllm_required() -> bool:
 
 def require_vllm() -> Path:
     """The vLLM interpreter; fails the test under ENVHUB_REQUIRE_VLLM=1, skips it otherwise."""
-    from envhub.trainer.engines.vllm_command import vllm_python
+    from envhub.trainer.engines.vllm.command import vllm_python
 
     try:
         return vllm_python()

@@ -32,7 +32,7 @@ from envhub.errors import ConfigError
 from envhub.toolcalls import ToolCall
 from envhub.toolenv import SandboxSpec
 from envhub.trainer.config import config_from_dict
-from envhub.trainer.cpu_usage import cpu_times, cpu_used
+from envhub.trainer.run.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.train import Trainer
 
 BENCH_ENV = "SlowLetters-v0"
@@ -237,7 +237,7 @@ async def measure(
 
 
 def _first_episode_start(run_dir: Path) -> float:
-    from envhub.trainer.records import read_episodes
+    from envhub.trainer.run.record import read_episodes
 
     return min(e["time"] - e["duration_s"] for e in read_episodes(run_dir))
 

@@ -144,7 +144,7 @@ class EngineConfig:
                 raise ConfigError(
                     f"engine.launch.mem_fraction_static must be in [0, 1), got {launch.mem_fraction_static}"
                 )
-            from envhub.trainer.engines.server_security import is_loopback
+            from envhub.trainer.engines.server.security import is_loopback
 
             if not self.api_key and not is_loopback(launch.host):
                 raise ConfigError(
@@ -354,7 +354,7 @@ class TrainConfig:
                 f"({self.model.tiny_heads})"
             )
         if self.engine.kind == "vllm" and self.model.name == "tiny" and not self.engine.url:
-            from envhub.trainer.engines.vllm_command import CPU_HEAD_SIZES
+            from envhub.trainer.engines.vllm.command import CPU_HEAD_SIZES
 
             head_dim = self.model.tiny_hidden // self.model.tiny_heads
             if head_dim not in CPU_HEAD_SIZES:

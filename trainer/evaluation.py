@@ -38,10 +38,10 @@ async def evaluate_policy(
     """Rewards of evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task, errors left out."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
     from envhub.trainer.models import copy_as
+    from envhub.trainer.rollout.tasks import env_factory
     from envhub.trainer.serving import served_dtype
-    from envhub.trainer.tasks import env_factory
 
     ev, rollout = config.evaluation, config.rollout
     # the policy as the training engine serves it (bf16 where that engine is bf16), on a copy: the learner's fp32

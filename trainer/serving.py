@@ -34,7 +34,7 @@ def local_engine_dtype(config: TrainConfig) -> Any:
 
 def served_dtype(config: TrainConfig, model: Any) -> torch.dtype:
     """The torch dtype a local engine, or the held-out evaluation, serves `model` in on its device."""
-    from envhub.trainer.engines.hardware import engine_dtype
+    from envhub.trainer.engines.embedded.hardware import engine_dtype
 
     return engine_dtype(local_engine_dtype(config), next(model.parameters()).device)
 
@@ -43,7 +43,7 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
     """The engine `config.engine` describes, serving a copy of `model` in the engine dtype (the learner keeps its)."""
     cfg = config.engine
     if cfg.kind == "local":
-        from envhub.trainer.engines.local import LocalEngine
+        from envhub.trainer.engines.embedded.engine import LocalEngine
         from envhub.trainer.models import copy_as
 
         dtype = served_dtype(config, model)
@@ -59,7 +59,7 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
         )
     if cfg.kind == "vllm":
         return await _vllm_engine(config, model, tokenizer)
-    from envhub.trainer.engines.sglang_deploy import build_deployment
+    from envhub.trainer.engines.sglang.deploy import build_deployment
 
     # attached (engine.url, checked now) or launched (engine.launch) SGLang servers, maybe behind sglang-router
     return await build_deployment(config, model, tokenizer)
@@ -67,7 +67,7 @@ async def build_engine(config: TrainConfig, model: Any, tokenizer: Any) -> Infer
 
 async def _vllm_engine(config: TrainConfig, model: Any, tokenizer: Any) -> InferenceEngine:
     """Attach to `engine.url`, or export the policy (after any warm start) and launch `vllm serve` on it."""
-    from envhub.trainer.engines.vllm import VLLMEngine
+    from envhub.trainer.engines.vllm.engine import VLLMEngine
     from envhub.trainer.models import save_model_dir
 
     cfg = config.engine

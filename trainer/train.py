@@ -22,9 +22,8 @@ import torch
 
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
-from envhub.trainer.cpu_usage import cpu_times, cpu_used
-from envhub.trainer.engine_watch import WatchedEngine
-from envhub.trainer.engines.compute_thread import releasing_openmp
+from envhub.trainer.engines.embedded.compute_thread import releasing_openmp
+from envhub.trainer.engines.watch import WatchedEngine
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.learner.checkpoint import (
@@ -36,20 +35,21 @@ from envhub.trainer.learner.checkpoint import (
 )
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
-from envhub.trainer.metrics import MetricsLogger
 from envhub.trainer.models import build_policy, copy_as
-from envhub.trainer.preflight import preflight
-from envhub.trainer.producer import GroupProducer
-from envhub.trainer.queue import TrajectoryQueue
-from envhub.trainer.records import EpisodeRecorder
-from envhub.trainer.resume import ERRORS_FILE, record_state, restore_record, rewind_record, stop_error
-from envhub.trainer.rollout import RolloutWorker
-from envhub.trainer.rollout_sources import LocalRollouts, RolloutSource
+from envhub.trainer.rollout.preflight import preflight
+from envhub.trainer.rollout.producer import GroupProducer
+from envhub.trainer.rollout.queue import TrajectoryQueue
+from envhub.trainer.rollout.sources import LocalRollouts, RolloutSource
+from envhub.trainer.rollout.tasks import TaskSampler, env_factory
+from envhub.trainer.rollout.worker import RolloutWorker
+from envhub.trainer.run.cpu_usage import cpu_times, cpu_used
+from envhub.trainer.run.errors import TaskErrors
+from envhub.trainer.run.metrics import MetricsLogger
+from envhub.trainer.run.record import EpisodeRecorder
+from envhub.trainer.run.resume import ERRORS_FILE, record_state, restore_record, rewind_record, stop_error
 from envhub.trainer.serving import build_engine, push_weights, served_dtype
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
-from envhub.trainer.task_errors import TaskErrors
-from envhub.trainer.tasks import TaskSampler, env_factory
 from envhub.trainer.trajectory import Group, Trajectory
 from envhub.user_modules import load_user_modules
 
@@ -294,7 +294,7 @@ class Trainer:
         cfg = self.config
         assert self.engine is not None
         if self.ray is not None:
-            from envhub.trainer.ray_workers import RayRolloutSource
+            from envhub.trainer.rollout.ray_workers import RayRolloutSource
 
             return await RayRolloutSource.start(self.ray, cfg, self.engine)
         factories = {task.env: env_factory(task) for task in cfg.tasks}

@@ -102,7 +102,7 @@ def engine_factory(
     """Agents over one embedded `LocalEngine` (batched across concurrent episodes) serving `model`."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
 
     engine = LocalEngine.from_pretrained(model, device=device)
     sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature)

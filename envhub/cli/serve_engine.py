@@ -19,9 +19,9 @@ def _cmd_serve_engine(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from envhub.errors import EngineError
-    from envhub.trainer.engines.local import LocalEngine
-    from envhub.trainer.engines.server import create_app
-    from envhub.trainer.engines.server_security import API_KEY_ENV, check_bind, default_weights_dir
+    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.server.app import create_app
+    from envhub.trainer.engines.server.security import API_KEY_ENV, check_bind, default_weights_dir
 
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     check_bind(args.host, api_key)  # before loading the model: refuse fast
@@ -63,9 +63,9 @@ def _serve_vllm(args: argparse.Namespace) -> int:
 
     from envhub.errors import EngineError
     from envhub.trainer.engines.launcher import ManagedServer, module_command
-    from envhub.trainer.engines.server_security import API_KEY_ENV, check_bind, is_loopback
-    from envhub.trainer.engines.vllm_command import SERVER_MODULE, VLLMServerArgs, vllm_python
-    from envhub.trainer.engines.vllm_weights import served_model_dir
+    from envhub.trainer.engines.server.security import API_KEY_ENV, check_bind, is_loopback
+    from envhub.trainer.engines.vllm.command import SERVER_MODULE, VLLMServerArgs, vllm_python
+    from envhub.trainer.engines.vllm.weights import served_model_dir
 
     for name in _LOCAL_ONLY:
         if getattr(args, name) is not None:

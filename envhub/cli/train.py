@@ -28,7 +28,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     ray = None
     if args.ray:
         from envhub.errors import ConfigError
-        from envhub.trainer.ray_workers import RayOptions
+        from envhub.trainer.rollout.ray_workers import RayOptions
 
         try:
             resources = json.loads(args.ray_resources) if args.ray_resources else {}

@@ -41,7 +41,7 @@ class RunRecord:
 
     def refresh(self) -> None:
         """Re-read the run's files if any changed since the last read."""
-        from envhub.trainer.records import episode_files, read_episodes
+        from envhub.trainer.run.record import episode_files, read_episodes
 
         with self._lock:
             files = [*episode_files(self.run_dir), self.run_dir / "metrics.jsonl", self.run_dir / "eval.json"]

@@ -16,8 +16,8 @@ from matplotlib import image
 from envhub.cli.main import main
 from envhub.cli.view import make_app
 from envhub.envs.web import browser
-from envhub.trainer.metrics import MetricsLogger
-from envhub.trainer.records import EpisodeRecorder
+from envhub.trainer.run.metrics import MetricsLogger
+from envhub.trainer.run.record import EpisodeRecorder
 from envhub.trainer.trajectory import Trajectory
 from tests.chromium_devtools import chromium_page
 
@@ -254,7 +254,7 @@ def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
 async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):
     from envhub.agents import ExpertAgent
     from envhub.eval import evaluate
-    from envhub.trainer.records import read_episodes
+    from envhub.trainer.run.record import read_episodes
 
     await evaluate(["FrozenLake-v0"], ExpertAgent, episodes=2, out_dir=tmp_path, agent_name="expert")
     episodes = read_episodes(tmp_path)

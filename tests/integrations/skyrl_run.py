@@ -30,7 +30,7 @@ from skyrl.train.generators.skyrl_gym_generator import SkyRLGymGenerator  # noqa
 
 from envhub.inference import SamplingParams  # noqa: E402
 from envhub.integrations.skyrl import register, train_overrides, write_dataset  # noqa: E402
-from envhub.trainer.engines.local import LocalEngine  # noqa: E402
+from envhub.trainer.engines.embedded.engine import LocalEngine  # noqa: E402
 from envhub.trainer.models import load_tokenizer, tiny_llama  # noqa: E402
 
 

@@ -31,7 +31,7 @@ from envhub.errors import EnvhubError
 from envhub.inference import SamplingParams
 from envhub.integrations.trl import use_tool_template
 from envhub.integrations.verl import main_ppo_overrides, write_agent_loop_config, write_dataset
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_tokenizer, tiny_llama
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 512

@@ -11,7 +11,7 @@ import pytest
 from envhub.trainer.learner.checkpoint import latest_checkpoint, load_checkpoint
 from envhub.trainer.models import load_tokenizer, tiny_llama
 
-pytest.importorskip("envhub.trainer.engines.local")
+pytest.importorskip("envhub.trainer.engines.embedded.engine")
 REPO = Path(__file__).resolve().parents[2]
 CHECKPOINT_MB = 77  # one checkpoint of the tiny model: fp32 weights, Adam state, tokenizer
 

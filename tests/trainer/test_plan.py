@@ -196,7 +196,7 @@ def test_bad_settings_are_refused():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A real two-step sync run of the latency benchmark env (tiny model), its directory kept."""
-    pytest.importorskip("envhub.trainer.engines.local")
+    pytest.importorskip("envhub.trainer.engines.embedded.engine")
     from envhub.trainer import bench
 
     keep = tmp_path_factory.mktemp("plan-run")

@@ -121,7 +121,7 @@ async def test_train_with_sft_stage_writes_before_sft_after_evaluation(tmp_path)
     for task in ("FrozenLake-v0", "Letters-v0"):
         assert {"before", "sft", "after", "episodes"} <= set(report[task]) and report[task]["episodes"] == 2
     assert trainer.sft_stats["steps"] == 2 and trainer.sft_stats["last_loss"] < trainer.sft_stats["first_loss"]
-    from envhub.trainer.records import read_episodes
+    from envhub.trainer.run.record import read_episodes
 
     evaluated = read_episodes(tmp_path / "run" / "eval-after")  # the evaluated episodes are recorded too
     assert sorted((e["task"], e["seed"]) for e in evaluated) == sorted(
@@ -141,7 +141,7 @@ async def test_sft_of_the_top_layers_leaves_the_rest_and_unfreezes_for_rl(tokeni
 
 async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer, tiny_model, monkeypatch):
     """Held-out episodes are played by the policy as the rollouts' engine serves it; the fp32 masters stay."""
-    from envhub.trainer.engines import local
+    from envhub.trainer.engines.embedded import engine as local
     from envhub.trainer.evaluation import evaluate_policy
     from envhub.trainer.serving import local_engine_dtype
 

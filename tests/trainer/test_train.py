@@ -15,7 +15,7 @@ from envhub.trainer.config import config_from_dict
 from envhub.trainer.learner.checkpoint import latest_checkpoint
 from envhub.trainer.train import Trainer
 
-pytest.importorskip("envhub.trainer.engines.local")
+pytest.importorskip("envhub.trainer.engines.embedded.engine")
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.train import Trainer
 
-sglang_engine = pytest.importorskip("envhub.trainer.engines.sglang")
+sglang_engine = pytest.importorskip("envhub.trainer.engines.sglang.client")
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, InferenceEngine, SamplingParams
-from envhub.trainer.engines.episodes import episode_key
+from envhub.trainer.engines.protocol import episode_key
 
 __all__ = ["MultiEngine", "episode_key", "http_engines"]
 
@@ -71,7 +71,7 @@ class MultiEngine(InferenceEngine):
     ) -> Any:
         """One process group over every server (each at its own rank offset) with the trainer as rank 0; returns
         the trainer's weight_sync.WeightGroup."""
-        from envhub.trainer.engines.sglang_push import join_weight_group
+        from envhub.trainer.engines.protocol import join_weight_group
 
         return await join_weight_group(
             self.engines, master_address, master_port, backend, device, group_name, timeout_s
@@ -80,7 +80,7 @@ class MultiEngine(InferenceEngine):
     async def update_weights_from_distributed(self, named: Any, group: Any, version: int | None = None) -> None:
         """Every server receives while rank 0 broadcasts each bucket once."""
         from envhub.trainer.engines import weight_sync
-        from envhub.trainer.engines.sglang_push import send_buckets
+        from envhub.trainer.engines.protocol import send_buckets
 
         first = self.engines[0]
         if any((e.bucket_bytes, e.flattened) != (first.bucket_bytes, first.flattened) for e in self.engines):
@@ -132,7 +132,7 @@ def http_engines(urls: str, **client: Any) -> InferenceEngine:
 
     `client` options (api_key, pause_mode, ...) go to every SGLangEngine.
     """
-    from envhub.trainer.engines.sglang import SGLangEngine
+    from envhub.trainer.engines.sglang.client import SGLangEngine
 
     parts = [u.strip() for u in urls.split(",") if u.strip()]
     if not parts:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import ConfigError
-from envhub.trainer.records import episode_files, read_episodes
+from envhub.trainer.run.record import episode_files, read_episodes
 
 
 @dataclass(frozen=True)

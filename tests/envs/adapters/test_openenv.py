@@ -248,7 +248,7 @@ async def test_hostile_websocket_messages_get_errors_and_the_session_survives(en
 async def test_envhub_train_runs_on_an_openenv_server_and_a_reasoning_gym_task(openenv_reference_server, tmp_path):
     import json
 
-    pytest.importorskip("envhub.trainer.engines.local")
+    pytest.importorskip("envhub.trainer.engines.embedded.engine")
     pytest.importorskip("reasoning_gym")
     from envhub.trainer.config import config_from_dict
     from envhub.trainer.train import Trainer

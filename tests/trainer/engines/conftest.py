@@ -24,7 +24,7 @@ def tiny_model(tokenizer):
 
 @pytest.fixture
 async def engine(tiny_model, tokenizer):
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
 
     eng = LocalEngine(tiny_model, tokenizer)
     yield eng

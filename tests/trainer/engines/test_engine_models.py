@@ -6,7 +6,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.local import LocalEngine
+from envhub.trainer.engines.embedded.engine import LocalEngine
 from envhub.trainer.models import load_model, pick_device, pick_dtype, resolve_model_path, smollm2_gguf
 
 torch = pytest.importorskip("torch")

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.server import start_engine_server
-from envhub.trainer.engines.server_state import STATE_KEY
-from envhub.trainer.engines.sglang import SGLangEngine
+from envhub.trainer.engines.server.app import start_engine_server
+from envhub.trainer.engines.server.state import STATE_KEY
+from envhub.trainer.engines.sglang.client import SGLangEngine
 
 torch = pytest.importorskip("torch")
 LONG = SamplingParams(max_new_tokens=150, temperature=0)
@@ -199,7 +199,7 @@ def test_buckets_keep_every_tensor_and_flatten_aligned():
 
 
 async def test_turns_of_one_episode_stick_to_one_engine(tiny_model, tokenizer):
-    from envhub.trainer.engines.local import LocalEngine
+    from envhub.trainer.engines.embedded.engine import LocalEngine
     from envhub.trainer.engines.routing import MultiEngine, episode_key
 
     multi = MultiEngine([LocalEngine(tiny_model, tokenizer), LocalEngine(tiny_model, tokenizer)])

@@ -4,7 +4,7 @@ import asyncio
 
 from envhub.trainer import train as train_module
 from envhub.trainer.config import config_from_dict
-from envhub.trainer.rollout_sources import LocalRollouts
+from envhub.trainer.rollout.sources import LocalRollouts
 
 
 async def test_crashing_groups_give_back_their_admission_slots(tmp_path, monkeypatch):

@@ -1,0 +1,178 @@
+"""Rollouts against a real tiny model: exact ids, masks, logprobs and versions on multi-turn episodes."""
+
+import asyncio
+
+import pytest
+
+import envhub
+from envhub.chat_tokens import ChatTokens
+from envhub.trainer.config import RolloutConfig, TaskConfig
+from envhub.trainer.rollout.sources import LocalRollouts
+from envhub.trainer.rollout.worker import RolloutWorker
+
+
+def recording(engine_cls, model, tokenizer):
+    """A LocalEngine that keeps what each generate call returned."""
+
+    class Recording(engine_cls):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.calls = []
+
+        async def generate(self, input_ids, sampling, **kwargs):
+            result = await super().generate(input_ids, sampling, **kwargs)
+            self.calls.append((list(input_ids), result))
+            return result
+
+    return Recording(model, tokenizer)
+
+
+async def test_multi_turn_ids_and_masks_are_exact(engine_cls, tiny_model, tokenizer):
+    engine = recording(engine_cls, tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_turns=3, max_new_tokens=5, temperature=1.0))
+    traj = await worker.run_episode(lambda: envhub.make("GuessNumberTest-v0", turns=10), "GuessNumberTest-v0", seed=3)
+    await engine.close()
+    assert traj.turns == len(engine.calls) and traj.turns >= 1
+
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+    system = "Guess the secret digit. Answer with one digit."
+    expected = enc(
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nI am thinking of a digit from 0 to "
+        f"9.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    mask = [0] * len(expected)
+    env = envhub.make("GuessNumberTest-v0", turns=10)
+    env.reset(seed=3)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for turn, (prompt, result) in enumerate(engine.calls):
+        assert prompt == expected  # the engine always saw exactly the ids built so far
+        out = result.output_ids
+        expected += out
+        mask += [1] * len(out)
+        closing = "\n" if out[-1] == im_end else "<|im_end|>\n"
+        body = out[:-1] if out[-1] == im_end else out
+        obs, _, terminated, truncated, _ = env.step(tokenizer.decode(body, skip_special_tokens=True))
+        if terminated or truncated or turn == 2:
+            expected += enc(closing)
+            mask += [0] * len(enc(closing))
+            break
+        delta = enc(f"{closing}<|im_start|>user\n{obs}<|im_end|>\n<|im_start|>assistant\n")
+        expected += delta
+        mask += [0] * len(delta)
+    assert traj.input_ids == expected
+    assert traj.loss_mask == mask
+    model_lps = [lp for lp, m in zip(traj.behavior_logprobs, mask) if m]
+    assert model_lps == [lp for _, r in engine.calls for lp in r.logprobs]
+    assert all(v == 0 for v, m in zip(traj.versions, mask) if m) and all(
+        v == -1 for v, m in zip(traj.versions, mask) if not m
+    )
+    assert traj.finish_reason in ("max_turns", "terminated") and traj.env_info["secret"] == env.unwrapped.secret
+
+
+def test_assistant_turn_that_stopped_keeps_the_model_ids(tokenizer):
+    chat = ChatTokens(tokenizer)
+    prompt = chat.add_messages([{"role": "user", "content": "hi"}])
+    said = tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    text, closing = chat.add_assistant(said + [im_end], {im_end})
+    assert text == "hello there" and tokenizer.decode(closing) == "\n"
+    follow = chat.add_messages([{"role": "user", "content": "again"}])
+    full = tokenizer.apply_chat_template(chat.messages, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(prompt + said + [im_end] + closing + follow) == full
+
+
+def test_template_that_rerenders_earlier_turns_falls_back_to_anchored_deltas(tokenizer):
+    class Rerendering:
+        """Wraps the real tokenizer with a template that rewrites old assistant turns (like reasoning stripping)."""
+
+        def __init__(self, tok):
+            self.tok = tok
+
+        def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+            last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+            shown = [
+                dict(m, content="(old)") if m["role"] == "assistant" and i < last else m for i, m in enumerate(messages)
+            ]
+            return self.tok.apply_chat_template(shown, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+        def __call__(self, *a, **k):
+            return self.tok(*a, **k)
+
+    chat = ChatTokens(Rerendering(tokenizer))
+    chat.add_messages([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}])
+    chat.messages.append({"role": "assistant", "content": "a"})
+    ids = chat.add_messages([{"role": "user", "content": "next"}])
+    assert chat.template_fallbacks == 1
+    assert tokenizer.decode(ids) == "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_group_overprovisioning_keeps_first_finishers_and_cancels_the_rest(engine_cls, tiny_model, tokenizer):
+    class SlowOnSomeSeeds(envhub.AgentEnv):
+        instances = []
+
+        def __init__(self):
+            self.closed = False
+            self.delay = [0.0, 0.0, 5.0][len(SlowOnSomeSeeds.instances) % 3]
+            SlowOnSomeSeeds.instances.append(self)
+
+        async def areset(self, *, seed=None, options=None):
+            return "go", self.base_info()
+
+        async def astep(self, action):
+            await asyncio.sleep(self.delay)
+            return "done", float(len(action) % 2), True, False, {}
+
+        async def aclose(self):
+            self.closed = True
+
+    engine = engine_cls(tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(group_size=2, redundancy=1, max_new_tokens=3))
+    source = LocalRollouts(worker, {"slow": SlowOnSomeSeeds})
+    group = await asyncio.wait_for(source.play_group(TaskConfig(env="slow"), seed=0, group_id="g0"), 4)
+    await engine.close()
+    assert len(group) == 2 and worker.episodes_cancelled == 1
+    assert all(env.closed for env in SlowOnSomeSeeds.instances)
+
+
+async def test_watchdog_times_out_a_hung_episode_and_closes_its_env(engine_cls, tiny_model, tokenizer):
+    class Hangs(envhub.AgentEnv):
+        closed = False
+
+        async def areset(self, *, seed=None, options=None):
+            return "go", self.base_info()
+
+        async def astep(self, action):
+            await asyncio.Event().wait()
+
+        async def aclose(self):
+            Hangs.closed = True
+
+    engine = engine_cls(tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3, episode_timeout_s=3.0))
+    traj = await worker.run_episode(Hangs, "hang", seed=0)
+    await engine.close()
+    assert traj.finish_reason == "timeout" and traj.num_model_tokens > 0 and Hangs.closed
+
+
+async def test_an_env_whose_construction_fails_is_an_env_error_in_the_run_metrics(engine_cls, tiny_model, tokenizer):
+    from envhub.trainer.run.errors import TaskErrors, TaskFailing
+
+    def broken_env():
+        raise FileNotFoundError("no such level file: levels/7.txt")
+
+    engine = engine_cls(tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3))
+    errors = TaskErrors(max_in_a_row=2)
+    worker.on_episode = errors.observe  # as every rollout source reports its episodes
+    first = await worker.run_episode(broken_env, "Broken-v0", seed=0)
+    assert first.finish_reason == "error" and first.env_info["error_stage"] == "build"
+    errors.raise_if_failing()
+    await worker.run_episode(broken_env, "Broken-v0", seed=1)
+    await engine.close()
+    # an env error (counted per task, not as the engine's), and repeated ones stop the run naming task and error
+    assert errors.metrics() == {
+        "episode_errors": {"Broken-v0": 2},
+        "episode_error": {"Broken-v0": "FileNotFoundError: no such level file: levels/7.txt"},
+    }
+    with pytest.raises(TaskFailing, match=r"task Broken-v0: 2 episodes in a row failed \(at build\).*levels/7.txt"):
+        errors.raise_if_failing()
