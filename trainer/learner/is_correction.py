@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from envhub.trainer.learner.grpo import LOG_RATIO_BOUND, log_ratio, masked_mean
+from envhub.trainer.learner.advantages import LOG_RATIO_BOUND, log_ratio, masked_mean
 
 LEVELS = ("token", "sequence", "geometric")
 #: statistics of `importance_correction`: token means over model tokens
 CORRECTION_STATS = ("is_weight_mean", "is_truncated_fraction", "is_masked_fraction")
-#: statistics of `behaviour_kl`
+#: statistics of `behavior_kl`
 KL_STATS = ("is_kl_k1", "is_kl_k3")
 
 
@@ -64,7 +64,7 @@ def importance_correction(
 
 
 @torch.no_grad()
-def behaviour_kl(proximal: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def behavior_kl(proximal: torch.Tensor, behavior: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """KL(mu || pi_prox) over the sampled tokens: k1 = mean(log mu - log pi_prox), k3 = mean(rho - log rho - 1)."""
     log_rho = log_ratio(proximal, behavior)
     return {

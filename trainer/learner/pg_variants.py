@@ -1,6 +1,6 @@
 """Off-policy policy-gradient variants, each written as its equation, and the train-inference importance correction.
 
-Three policies meet at every model token t (logprobs [B, T], as in grpo.py):
+Three policies meet at every model token t (logprobs [B, T], as in advantages.py):
 - mu, the behaviour policy: the engine's logprob of the sampled token (possibly an older version, engine numerics);
 - pi_prox, the proximal policy: the learner's recomputation before the update (no grad). envhub takes one optimizer
   step per learner step, so in the learner pi_prox = sg(pi_theta) in value;
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from envhub.trainer.learner.grpo import kl_k3, log_ratio, masked_mean
-from envhub.trainer.learner.is_correction import CORRECTION_STATS, KL_STATS, behaviour_kl, importance_correction
+from envhub.trainer.learner.advantages import kl_k3, log_ratio, masked_mean
+from envhub.trainer.learner.is_correction import CORRECTION_STATS, KL_STATS, behavior_kl, importance_correction
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def trust_ratio(logprobs: torch.Tensor, behavior: torch.Tensor, proximal: torch.
     return torch.exp(log_ratio(logprobs, behavior if proximal is None else proximal))
 
 
-def behaviour_weight(behavior: torch.Tensor, proximal: torch.Tensor | None, cap: float) -> torch.Tensor | float:
+def behavior_weight(behavior: torch.Tensor, proximal: torch.Tensor | None, cap: float) -> torch.Tensor | float:
     """b = sg(min(pi_prox / mu, cap)) where proximal logprobs are given; exactly 1 without them."""
     if proximal is None:
         return 1.0
@@ -106,7 +106,7 @@ def ppo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[to
     where A < 0 at most b c |A|."""
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal)
-    loss = -clipped_surrogate(ratio, adv, p) * behaviour_weight(behavior, proximal, p.tis_cap)
+    loss = -clipped_surrogate(ratio, adv, p) * behavior_weight(behavior, proximal, p.tis_cap)
     stats = clip_stats("ppo", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
     stats.update(dual_clip_stats("ppo", ratio, adv, p, mask))
     return on_mask(loss, mask), stats
@@ -119,12 +119,12 @@ def decoupled(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tu
         raise ValueError("decoupled PPO needs proximal logprobs (the learner's recomputation before the update)")
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal)
-    behaviour = torch.exp(log_ratio(proximal, behavior)).detach()
-    loss = -behaviour.clamp(max=p.tis_cap) * clipped_surrogate(ratio, adv, p)
+    behavior = torch.exp(log_ratio(proximal, behavior)).detach()
+    loss = -behavior.clamp(max=p.tis_cap) * clipped_surrogate(ratio, adv, p)
     stats = clip_stats("decoupled", ratio, 1.0 - p.clip_low, 1.0 + p.clip_high, mask)
     stats.update(dual_clip_stats("decoupled", ratio, adv, p, mask))
-    stats["decoupled_weight_mean"] = float(masked_mean(behaviour.clamp(max=p.tis_cap), mask))
-    stats["decoupled_truncated_fraction"] = fraction(behaviour > p.tis_cap, mask)
+    stats["decoupled_weight_mean"] = float(masked_mean(behavior.clamp(max=p.tis_cap), mask))
+    stats["decoupled_truncated_fraction"] = fraction(behavior > p.tis_cap, mask)
     return on_mask(loss, mask), stats
 
 
@@ -132,7 +132,7 @@ def vanilla(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tupl
     """REINFORCE (Williams 1992; ROLL's "vanilla"): -b * A * log pi_theta. No ratio: a sample one version old weighs
     what a fresh one does, so a large step cannot clip or reweight a stale batch away (biased by the lag, low
     variance)."""
-    loss = -behaviour_weight(behavior, proximal, p.tis_cap) * per_token(advantages) * logprobs
+    loss = -behavior_weight(behavior, proximal, p.tis_cap) * per_token(advantages) * logprobs
     return on_mask(loss, mask), {}
 
 
@@ -140,7 +140,7 @@ def tis(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[to
     """Truncated importance sampling (Yao et al.): -sg(min(r, C)) * b * A * log pi_theta."""
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal).detach()
-    weight = ratio.clamp(max=p.tis_cap) * behaviour_weight(behavior, proximal, p.tis_cap)
+    weight = ratio.clamp(max=p.tis_cap) * behavior_weight(behavior, proximal, p.tis_cap)
     loss = -weight * adv * logprobs
     stats = {
         "tis_weight_mean": float(masked_mean(weight, mask)),
@@ -155,7 +155,7 @@ def cispo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[
     adv = per_token(advantages)
     ratio = trust_ratio(logprobs, behavior, proximal).detach()
     low, high = 1.0 - p.cispo_eps_low, 1.0 + p.cispo_eps_high
-    weight = ratio.clamp(low, high) * behaviour_weight(behavior, proximal, p.tis_cap)
+    weight = ratio.clamp(low, high) * behavior_weight(behavior, proximal, p.tis_cap)
     loss = -weight * adv * logprobs
     return on_mask(loss, mask), clip_stats("cispo", ratio, low, high, mask)
 
@@ -168,7 +168,7 @@ def topr(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[t
     positive = (adv > 0).expand_as(ratio)
     tapered = p.topr_negative_weight * ratio.clamp(0.0, 1.0)
     weight = torch.where(positive, torch.full_like(ratio, p.topr_positive_weight), tapered)
-    loss = -weight * behaviour_weight(behavior, proximal, p.tis_cap) * adv * logprobs
+    loss = -weight * behavior_weight(behavior, proximal, p.tis_cap) * adv * logprobs
     stats = {
         "topr_positive_fraction": fraction(positive, mask),
         "topr_negative_truncated_fraction": fraction(~positive & (ratio > 1.0), mask),
@@ -237,7 +237,7 @@ def pg_token_loss(
     loss, stats = PG_VARIANTS[cfg.pg_variant](
         logprobs, variant_behavior, proximal, advantages, mask, PGParams.from_config(cfg)
     )
-    stats.update(behaviour_kl(recomputed, behavior, mask))
+    stats.update(behavior_kl(recomputed, behavior, mask))
     if spec.level != "none":
         weight, keep, correction = importance_correction(
             recomputed, behavior, mask, spec.level, spec.cap, spec.mask_low, spec.mask_high

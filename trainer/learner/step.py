@@ -17,7 +17,7 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
-from envhub.trainer.learner.grpo import group_advantages, loss_stats, masked_mean
+from envhub.trainer.learner.advantages import group_advantages, loss_stats, masked_mean
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer

@@ -20,11 +20,12 @@ import yaml
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, ISCorrectionConfig, config_from_dict
-from envhub.trainer.learner.grpo import masked_mean, policy_loss
-from envhub.trainer.learner.is_correction import LEVELS, behaviour_kl, importance_correction
+from envhub.trainer.learner.advantages import masked_mean
+from envhub.trainer.learner.is_correction import LEVELS, behavior_kl, importance_correction
 from envhub.trainer.learner.pg_variants import PG_VARIANTS, PGParams, pg_stat_names, pg_token_loss
 from envhub.trainer.learner.step import Learner
 from tests.trainer.learner.conftest import algo, make_groups
+from tests.trainer.learner.reference_loss import policy_loss
 
 PARAMS = PGParams(tis_cap=1.6, cispo_eps_low=0.15, cispo_eps_high=0.25, topr_positive_weight=0.9)
 DUAL = dataclasses.replace(PARAMS, dual_clip=2.5)  # PPO / decoupled with the dual clip on
@@ -191,8 +192,8 @@ def test_decoupled_refuses_to_run_without_the_proximal_policy():
 @pytest.mark.parametrize("stale_share", [0.0, 0.4, 1.0])
 @pytest.mark.parametrize("kl_coef", [0.0, 0.07])
 def test_default_ppo_reproduces_the_current_policy_loss_exactly(stale_share, kl_coef):
-    """The learner's call (pg_token_loss, default config) against grpo.policy_loss, today's implementation, called
-    as step.py called it before variants existed: same loss and gradient, bit for bit."""
+    """The learner's call (pg_token_loss, default config) against reference_loss.policy_loss, the loss as step.py
+    computed it before variants existed: same loss and gradient, bit for bit."""
     batch = random_batch(11)
     lp, mu, _, mask, adv = tensors(batch)
     generator = torch.Generator().manual_seed(3)
@@ -273,19 +274,19 @@ def test_the_correction_data_exercises_truncation_and_both_masks():
     assert 0 < token["is_masked_fraction"] < 1
 
 
-def test_behaviour_kl_k1_and_k3_match_the_reference():
+def test_behavior_kl_k1_and_k3_match_the_reference():
     batch = random_batch(8)
     _, mu, prox, mask, _ = tensors(batch)
     on = [(i, t) for i, row in enumerate(batch["mask"]) for t, m in enumerate(row) if m]
     log_rho = [batch["prox"][i][t] - batch["mu"][i][t] for i, t in on]
-    stats = behaviour_kl(prox, mu, mask)
+    stats = behavior_kl(prox, mu, mask)
     assert stats["is_kl_k1"] == pytest.approx(sum(-x for x in log_rho) / len(on), rel=1e-10)
     assert stats["is_kl_k3"] == pytest.approx(sum(math.exp(x) - x - 1 for x in log_rho) / len(on), rel=1e-10)
 
 
 @pytest.mark.parametrize("variant", sorted(PG_VARIANTS))
 @pytest.mark.parametrize("level", LEVELS)
-def test_correction_weight_replaces_the_behaviour_ratio_in_every_variant(variant, level):
+def test_correction_weight_replaces_the_behavior_ratio_in_every_variant(variant, level):
     """With the weight on, the variant is anchored at pi_prox = sg(pi_theta) (ratio 1) and pi_prox / mu enters once:
     the gradient is -w keep A grad log pi (TOPR's positive tokens take their scale)."""
     batch = random_batch(9, spread=0.25)
@@ -355,7 +356,7 @@ def test_extreme_ratios_stay_finite(variant, level):
     assert all(math.isfinite(v) for v in stats.values())
 
 
-def test_nan_behaviour_logprobs_still_reach_the_learners_guard():
+def test_nan_behavior_logprobs_still_reach_the_learners_guard():
     """A NaN from an engine is not hidden as a number: it reaches the gradient, which makes the learner skip the
     step (test_step.py). (It sits on a token with A < 0: TOPR's positive tokens never read mu.) REINFORCE never reads
     mu on a fresh token, so the NaN cannot reach its weights; it shows in the behaviour KL it logs."""

@@ -8,7 +8,7 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import LearnerConfig
-from envhub.trainer.learner.grpo import group_advantages
+from envhub.trainer.learner.advantages import group_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import chunked_logprobs, plan_micro_batches
 from envhub.trainer.learner.optimizer import lr_factor
@@ -51,7 +51,7 @@ def test_learner_uses_the_schedule(tiny_model):
     assert lrs == pytest.approx([1e-3, 1e-3, 5e-4])  # lr of the next step: warmed up, then cosine halfway
 
 
-def test_first_step_stops_when_behaviour_logprobs_used_another_temperature(tiny_model):
+def test_first_step_stops_when_behavior_logprobs_used_another_temperature(tiny_model):
     wrong = make_groups(tiny_model, temperature=0.7)  # an engine that applied T=0.7 while the learner assumes 1.0
     learner = Learner(tiny_model, algo(), temperature=1.0, pad_id=0)
     before = params(tiny_model)

@@ -19,7 +19,7 @@ import torch
 from envhub.inference import SamplingParams
 
 
-def behaviour_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+def behavior_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) in float32 over the last axis (T = 1 when temperature <= 0)."""
     scale = temperature if temperature > 0 else 1.0
     return torch.log_softmax(logits.float() / scale, dim=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.sampler import behaviour_logprobs, sample_next
+from envhub.trainer.engines.embedded.sampler import behavior_logprobs, sample_next
 
 torch = pytest.importorskip("torch")
 
@@ -20,7 +20,7 @@ def test_top_k_one_and_tiny_top_p_are_greedy_but_report_unrestricted_logprobs():
     tokens, logprobs = sample_next(logits, params, [None, None, None])
     assert tokens == logits.argmax(-1).tolist()
     for row, (p, t) in enumerate(zip(params, tokens)):
-        assert logprobs[row] == pytest.approx(behaviour_logprobs(logits[row], p.temperature)[t].item(), abs=1e-6)
+        assert logprobs[row] == pytest.approx(behavior_logprobs(logits[row], p.temperature)[t].item(), abs=1e-6)
 
 
 def test_samples_follow_the_tempered_distribution_within_top_k():

@@ -1,4 +1,6 @@
-"""GRPO: group-normalised advantages and the PPO-clip policy loss, written as their equations.
+"""Advantages and the per-token terms every policy-gradient variant shares, written as their equations: GRPO's
+group-normalised advantages, masked means, clamped log-ratios, the k3 KL estimator and the loss diagnostics.
+The losses themselves are in pg_variants.py.
 
 Shape conventions: a batch holds B sequences padded to T tokens.
 - `rewards`: [B], groups of `group_size` consecutive rows (row i belongs to group i // group_size).
@@ -57,46 +59,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): exp(ref - lp) - (ref - lp) - 1 (always >= 0)."""
     log_ratio = ref_logprobs - logprobs
     return torch.exp(log_ratio) - log_ratio - 1.0
-
-
-def policy_loss(
-    logprobs: torch.Tensor,
-    behavior_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    *,
-    proximal_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-) -> torch.Tensor:
-    """Token-mean PPO-clip loss with clip-higher, optional decoupled IS correction and k3 KL.
-
-    The learner computes its loss with pg_variants.pg_token_loss; its default ("ppo") equals this function bit for
-    bit (tests/trainer/learner/test_pg_variants.py), which stays as that check's reference.
-
-    ratio = exp(lp - anchor), anchor = behaviour logprobs (or `proximal_logprobs` when given);
-    per-token loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A).
-    With `proximal_logprobs` (decoupled PPO for stale samples), each token's loss is weighted by
-    exp(proximal - behaviour), truncated at `tis_cap`. With `ref_logprobs`, kl_coef * k3 is added.
-    """
-    if advantages.ndim == 1:
-        advantages = advantages.unsqueeze(1)
-    anchor = behavior_logprobs if proximal_logprobs is None else proximal_logprobs
-    ratio = torch.exp(logprobs - anchor)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    if proximal_logprobs is not None:
-        weight = torch.exp(proximal_logprobs - behavior_logprobs).detach()
-        if tis_cap is not None:
-            weight = weight.clamp(max=tis_cap)
-        per_token = per_token * weight
-    if ref_logprobs is not None and kl_coef:
-        per_token = per_token + kl_coef * kl_k3(logprobs, ref_logprobs)
-    return masked_mean(per_token, loss_mask)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from envhub.trainer.learner.grpo import group_advantages, kl_k3, loss_stats, policy_loss
+from envhub.trainer.learner.advantages import group_advantages, kl_k3, loss_stats
+from tests.trainer.learner.reference_loss import policy_loss
 
 
 def test_group_advantages_match_reference():
