@@ -26,11 +26,13 @@ MAX_TEXT_LENGTH = 1 << 17
 
 
 class UnicodeText(spaces.Text):
-    """A `Text` space whose membership test accepts any printable Unicode plus newlines and tabs.
+    """A `Text` space whose membership test accepts any text that can travel as UTF-8 (JSON, HTTP).
 
     gymnasium's `Text` checks membership against an explicit character set, which for the whole of
     Unicode would cost a large table. Sampling draws from printable ASCII (and a few non-ASCII
-    characters), which is what API checkers need; `contains` accepts every printable code point.
+    characters), which is what API checkers need; `contains` accepts every code point but lone surrogates:
+    observations come from real data, which carries no-break spaces, ideographic spaces and control characters
+    (a backspace inside a code snippet), and all of them are text a model can be shown.
     """
 
     _SAMPLE_CHARS = "".join(chr(c) for c in range(32, 127)) + "\n\téüß€→中"
@@ -39,14 +41,16 @@ class UnicodeText(spaces.Text):
         super().__init__(max_length=max_length, min_length=min_length, charset=self._SAMPLE_CHARS, seed=seed)
 
     def contains(self, x: Any) -> bool:
-        return (
-            isinstance(x, str)
-            and self.min_length <= len(x) <= self.max_length
-            and all(ch.isprintable() or ch in "\n\t\r" for ch in x)
-        )
+        if not isinstance(x, str) or not self.min_length <= len(x) <= self.max_length:
+            return False
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, so no JSON or HTTP body can carry it
+            return False
+        return True
 
     def __repr__(self) -> str:
-        return f"UnicodeText({self.min_length}, {self.max_length}, charset=printable Unicode)"
+        return f"UnicodeText({self.min_length}, {self.max_length}, charset=Unicode)"
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, UnicodeText) and (self.min_length, self.max_length) == (

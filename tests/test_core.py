@@ -112,10 +112,12 @@ def test_an_env_must_implement_step_or_astep():
             pass
 
 
-def test_unicode_text_space_accepts_printable_unicode_only():
+def test_unicode_text_space_accepts_any_text_utf8_can_carry():
     space = UnicodeText(max_length=20)
     assert space.contains("héllo → 世界\n\tok")
-    assert not space.contains("bell\x07")
+    assert space.contains("a\xa0b\u3000c\x08")  # real data: no-break and ideographic spaces, a backspace in code
+    assert not space.contains("lone \ud800")
+    assert not space.contains(b"bytes")
     assert not space.contains("x" * 21)
     assert space.contains(space.sample())
     assert run_sync(asyncio.sleep(0, result=5)) == 5

@@ -29,6 +29,7 @@ FAMILY = Family(
     licence="Apache-2.0",
 )
 DEFAULT_SIZE = 10_000
+MAX_SKIPPED = 8  # entries in a row a generator may fail on before reset gives up and says why
 
 SYSTEM_PROMPT = (
     "Solve the problem. Think as needed, then give only the final answer inside <answer></answer> tags, "
@@ -73,18 +74,29 @@ class ReasoningGymEnv(AgentEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         size = len(self.dataset)
-        self.index = seed % size if seed is not None else int(self.np_random.integers(size))
+        first = seed % size if seed is not None else int(self.np_random.integers(size))
+        skipped: list[int] = []
+        for k in range(min(size, MAX_SKIPPED + 1)):
+            self.index = (first + k) % size
+            try:
+                self.entry = self._generate(self.index)
+                break
+            except Exception as exc:  # a generator that fails on some entries (codeio: 2 in 10,000): the next one
+                skipped.append(self.index)
+                if len(skipped) > MAX_SKIPPED:
+                    raise upstream(f"reasoning-gym task {self.task!r}", FAMILY.distribution, exc) from None
+        extra = {"skipped_indices": skipped} if skipped else {}
+        return self.entry["question"], self.base_info(
+            task=self.task, index=self.index, metadata=self.entry.get("metadata", {}), **extra
+        )
+
+    def _generate(self, index: int) -> dict[str, Any]:
         state = random.getstate()
-        random.seed(
-            f"{self.dataset.seed}/{self.index}"
-        )  # some tasks (list_functions) also draw from the global `random`
+        random.seed(f"{self.dataset.seed}/{index}")  # some tasks (list_functions) also draw from the global `random`
         try:
-            self.entry = self.dataset[self.index]
+            return self.dataset[index]
         finally:
             random.setstate(state)  # the caller's global random stream is left as it was
-        return self.entry["question"], self.base_info(
-            task=self.task, index=self.index, metadata=self.entry.get("metadata", {})
-        )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self.entry is None:

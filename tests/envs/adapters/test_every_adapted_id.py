@@ -117,3 +117,17 @@ def test_gymnasium_check_env_or_pettingzoo_api_test(spec):
                 check_env(envhub.make(spec.id, **KWARGS.get(spec.id, {})).unwrapped, skip_render_check=True)
         except (EnvUnavailable, UpstreamError) as exc:
             assert "\n" not in str(exc)
+
+
+def test_reasoning_gym_skips_entries_its_generator_cannot_build():
+    # reasoning-gym 0.1.25's codeio fails to build entries 8165 and 9775 of its default dataset (a numpy int64 it
+    # cannot serialise): reset moves to the next entry and says which it skipped; 1361 holds a backspace and 2013
+    # a no-break space, which are text like any other
+    env = envhub.make("rg-codeio-v0").unwrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, info = env.reset(seed=8165)
+        assert (info["index"], info["skipped_indices"]) == (8166, [8165])
+        for seed in (1361, 2013):
+            obs, info = env.reset(seed=seed)
+            assert obs in env.observation_space and "skipped_indices" not in info
