@@ -1,4 +1,4 @@
-"""Resident memory of the LocalEngine over a long multi-turn run: it must stay flat, not grow with time.
+"""Resident memory of the EmbeddedEngine over a long multi-turn run: it must stay flat, not grow with time.
 
     python benchmarks/engine_memory.py [--model smollm2] [--minutes 10] [--episodes 16] [--turns 4]
         [--new-tokens 48] [--kv-cache-mb 512] [--out benchmarks/results/engine_memory.json]
@@ -26,11 +26,11 @@ import psutil
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 
 
-async def episode(engine: LocalEngine, rng: random.Random, turns: int, new_tokens: int) -> int:
+async def episode(engine: EmbeddedEngine, rng: random.Random, turns: int, new_tokens: int) -> int:
     """One conversation of `turns` turns; returns the tokens generated."""
     ids = [rng.randrange(100, 40000) for _ in range(rng.randrange(50, 400))]
     generated = 0
@@ -44,7 +44,9 @@ async def episode(engine: LocalEngine, rng: random.Random, turns: int, new_token
 
 async def run(args: argparse.Namespace) -> dict:
     model, tokenizer = load_model(args.model, device="cpu", dtype=None)
-    engine = LocalEngine(model, tokenizer, dtype=args.dtype, max_batch_size=args.episodes, kv_cache_mb=args.kv_cache_mb)
+    engine = EmbeddedEngine(
+        model, tokenizer, dtype=args.dtype, max_batch_size=args.episodes, kv_cache_mb=args.kv_cache_mb
+    )
     process, rng = psutil.Process(), random.Random(0)
     deadline = time.monotonic() + args.minutes * 60
     tokens = 0

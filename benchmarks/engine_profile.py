@@ -1,4 +1,4 @@
-"""Where a LocalEngine decode step spends its time: the torch ops of steady-state decode steps, grouped.
+"""Where a EmbeddedEngine decode step spends its time: the torch ops of steady-state decode steps, grouped.
 
     python benchmarks/engine_profile.py [--model smollm2] [--dtype auto] [--sequences 32] [--prompt-tokens 256]
         [--steps 16] [--threads 1] [--out benchmarks/results/engine_profile.json]
@@ -24,8 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded import engine as local_module
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded import engine as engine_module
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 
 GROUPS = {
@@ -59,9 +59,9 @@ def group_of(name: str) -> str:
     return "other"
 
 
-async def prepared_engine(args: argparse.Namespace) -> LocalEngine:
+async def prepared_engine(args: argparse.Namespace) -> EmbeddedEngine:
     model, tokenizer = load_model(args.model, device="cpu", dtype=torch.float32)
-    engine = LocalEngine(model, tokenizer, dtype=args.dtype, max_batch_size=args.sequences)
+    engine = EmbeddedEngine(model, tokenizer, dtype=args.dtype, max_batch_size=args.sequences)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(args.prompt_tokens)] for _ in range(args.sequences)]
     params = SamplingParams(max_new_tokens=10_000 // 10, temperature=1.0, ignore_eos=True)
@@ -74,8 +74,8 @@ async def prepared_engine(args: argparse.Namespace) -> LocalEngine:
     return engine
 
 
-def profile_steps(engine: LocalEngine, steps: int) -> dict:
-    original = local_module.sample_next
+def profile_steps(engine: EmbeddedEngine, steps: int) -> dict:
+    original = engine_module.sample_next
 
     def labelled_sampling(*a, **k):
         with record_function("sampling"):
@@ -88,7 +88,7 @@ def profile_steps(engine: LocalEngine, steps: int) -> dict:
         with record_function("lm_head"):
             return forward(x)
 
-    local_module.sample_next, head.forward = labelled_sampling, labelled_head
+    engine_module.sample_next, head.forward = labelled_sampling, labelled_head
     try:
         engine._step()  # warm
         started = time.perf_counter()
@@ -99,7 +99,7 @@ def profile_steps(engine: LocalEngine, steps: int) -> dict:
             for _ in range(steps):
                 engine._step()
     finally:
-        local_module.sample_next, head.forward = original, forward
+        engine_module.sample_next, head.forward = original, forward
     events = prof.key_averages()
     labelled = {e.key: e.cpu_time_total / steps / 1e3 for e in events if e.key in ("sampling", "lm_head")}
     groups: dict[str, float] = defaultdict(float)

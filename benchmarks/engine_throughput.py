@@ -1,4 +1,4 @@
-"""LocalEngine tokens/s vs a plain sequential `model.generate` loop on the same prompts (greedy, same model).
+"""EmbeddedEngine tokens/s vs a plain sequential `model.generate` loop on the same prompts (greedy, same model).
 
     python benchmarks/engine_throughput.py [--model smollm2|tiny|DIR] [--prompts 16] [--max-new-tokens 32]
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 
 QUESTIONS = [
@@ -56,7 +56,7 @@ def sequential_generate(model, prompts: list[list[int]], max_new_tokens: int) ->
 
 
 async def engine_generate(
-    engine: LocalEngine, prompts: list[list[int]], max_new_tokens: int, one_at_a_time: bool = False
+    engine: EmbeddedEngine, prompts: list[list[int]], max_new_tokens: int, one_at_a_time: bool = False
 ) -> tuple[list[list[int]], float]:
     """All prompts submitted at once to the engine (or one after another); returns outputs and seconds."""
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
@@ -79,7 +79,7 @@ def main() -> None:
 
     model, tokenizer = load_model(args.model, device=args.device)
     prompts = make_prompts(tokenizer, args.prompts)
-    engine = LocalEngine(model, tokenizer, max_batch_size=max(64, args.prompts))
+    engine = EmbeddedEngine(model, tokenizer, max_batch_size=max(64, args.prompts))
     sequential_generate(model, prompts[:1], 2)  # warm-up
     seq_out, seq_s = sequential_generate(model, prompts, args.max_new_tokens)
 
@@ -97,8 +97,8 @@ def main() -> None:
     same = sum(a == b for a, b in zip(seq_out, eng_out))
     rows = [
         ("model.generate, sequential", seq_tokens, seq_s, seq_tokens / seq_s),
-        ("LocalEngine, one at a time", one_tokens, one_s, one_tokens / one_s),
-        ("LocalEngine, batched", eng_tokens, eng_s, eng_tokens / eng_s),
+        ("EmbeddedEngine, one at a time", one_tokens, one_s, one_tokens / one_s),
+        ("EmbeddedEngine, batched", eng_tokens, eng_s, eng_tokens / eng_s),
     ]
     print(
         f"model={args.model} device={model.device} dtype={model.dtype} prompts={args.prompts} "

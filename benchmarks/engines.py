@@ -1,18 +1,18 @@
-"""The embedded LocalEngine and vLLM side by side: same model, same prompts, one run, through `InferenceEngine`.
+"""The embedded EmbeddedEngine and vLLM side by side: same model, same prompts, one run, through `InferenceEngine`.
 
-    python benchmarks/engines.py [--engines local,vllm] [--model smollm2] [--sequences 32] [--prompt-tokens 256]
+    python benchmarks/engines.py [--engines embedded,vllm] [--model smollm2] [--sequences 32] [--prompt-tokens 256]
         [--new-tokens 128] [--repeats 3] [--device cpu|cuda] [--dtype auto] [--vllm-dtype bfloat16]
         [--out benchmarks/results/engines.json]
 
 Each repeat generates `--new-tokens` tokens (temperature 1, logprobs, EOS ignored) for every sequence, all
 submitted at once, engines taking turns so machine load hits them alike; tokens/s is generated tokens over the
-wall time of the whole batch (prefill included). Also measured: the seconds a weight push takes (the local engine
-gets a state dict, as the trainer pushes it; vLLM reloads a safetensors directory), and for the local engine
+wall time of the whole batch (prefill included). Also measured: the seconds a weight push takes (the embedded engine
+gets a state dict, as the trainer pushes it; vLLM reloads a safetensors directory), and for the embedded engine
 the time split (prefill / decode), the bytes a decode step reads (weights + KV) against the memory bandwidth
 (`--peak-gbps`, default: H100 3350 / H200 4800 on those GPUs, a measured read bandwidth on CPU), and exactness
 (greedy tokens against a plain transformers forward, KL(engine || fp32) of the sampled tokens).
 
-On a GPU the lead runs: `python benchmarks/engines.py --engines local --device cuda --sequences 64
+On a GPU the lead runs: `python benchmarks/engines.py --engines embedded --device cuda --sequences 64
 --prompt-tokens 1024 --new-tokens 256`.
 """
 
@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from envhub.inference import InferenceEngine, SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.hardware import engine_dtype
+from envhub.trainer.engines.kinds import engine_kind
 from envhub.trainer.models import load_model, pick_device, resolve_model_path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -49,11 +50,11 @@ def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(count)]
 
 
-async def build_local(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
+async def build_embedded(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
     device = pick_device(args.device)
     dtype = engine_dtype(args.dtype, device)
     model, tokenizer = load_model(args.model, device=str(device), dtype=dtype)
-    engine = LocalEngine(
+    engine = EmbeddedEngine(
         model,
         tokenizer,
         max_batch_size=max(args.sequences, 1),
@@ -74,7 +75,7 @@ async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[st
     return engine, {"dtype": args.vllm_dtype, "startup_s": round(time.perf_counter() - started, 1)}
 
 
-BUILDERS = {"local": build_local, "vllm": build_vllm}
+BUILDERS = {"embedded": build_embedded, "vllm": build_vllm}  # engine kinds, by name
 
 
 def cpu_seconds(engine: Any) -> float:
@@ -121,7 +122,7 @@ async def weight_update_s(name: str, engine: Any, args: argparse.Namespace, tmp:
     model, _ = load_model(args.model, device="cpu", dtype=torch.float32)
     state = {k: v.detach() for k, v in model.named_parameters()}  # tied weights once, as the trainer pushes
     target: Any = state
-    if name != "local":  # a server reloads from disk, as the trainer pushes to one
+    if not engine_kind(name).in_process:  # a server reloads from disk, as the trainer pushes to one
         model.save_pretrained(tmp / "weights", safe_serialization=True)
         target = str(tmp / "weights")
     times = []
@@ -132,7 +133,7 @@ async def weight_update_s(name: str, engine: Any, args: argparse.Namespace, tmp:
     return round(statistics.median(times), 3)
 
 
-def decode_figures(engine: LocalEngine, peak_gbps: float) -> dict[str, Any]:
+def decode_figures(engine: EmbeddedEngine, peak_gbps: float) -> dict[str, Any]:
     """Time split and bytes per decode step (weights once + every cached token read) against `peak_gbps`."""
     stats = engine.stats
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
@@ -170,7 +171,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    names = [engine_kind(n.strip()).name for n in args.engines.split(",") if n.strip()]  # `local` names embedded
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
         raise SystemExit(f"unknown engines {unknown}; choose from {', '.join(BUILDERS)}")
@@ -186,14 +187,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for repeat in range(args.repeats):
             for name in names if repeat % 2 == 0 else names[::-1]:  # alternate who goes first
                 engine = engines[name][0]
-                if isinstance(engine, LocalEngine):
+                if isinstance(engine, EmbeddedEngine):
                     engine.stats = engine.scheduler.stats = type(engine.stats)()
                 runs[name].append(await timed_batch(engine, prompts, args.new_tokens))
                 print(f"repeat {repeat}: {name} {runs[name][-1]}  load {os.getloadavg()[0]:.1f}", flush=True)
         for name in names:
             engine, info = engines[name]
             entry = {**info, **summary(runs[name])}
-            if isinstance(engine, LocalEngine):
+            if isinstance(engine, EmbeddedEngine):
                 entry["decode"] = decode_figures(engine, peak_bandwidth(engine.cache.layout.device, args.peak_gbps))
                 if args.check:
                     entry["exactness"] = await exactness(engine, args.model, prompts[:4], args.new_tokens)
@@ -209,19 +210,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             shutil.rmtree(tmp, ignore_errors=True)
     report["weight_update_s"] = {name: report["engines"][name]["weight_update_s"] for name in report["engines"]}
-    if "local" in report["engines"] and "vllm" in report["engines"]:
-        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["local"], runs["vllm"])]
-        report["local_over_vllm"] = round(report["local_tokens_per_s"] / report["vllm_tokens_per_s"], 3)
-        report["local_over_vllm_per_repeat"] = [round(r, 3) for r in ratios]
+    if len(names) == 2:  # the first engine over the second (embedded_over_vllm by default), overall and per repeat
+        first, second = names
+        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[first], runs[second])]
+        overall = report[f"{first}_tokens_per_s"] / report[f"{second}_tokens_per_s"]
+        report[f"{first}_over_{second}"] = round(overall, 3)
+        report[f"{first}_over_{second}_per_repeat"] = [round(r, 3) for r in ratios]
     return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engines", default="local,vllm", help=f"comma-separated, from {', '.join(BUILDERS)}")
+    parser.add_argument("--engines", default="embedded,vllm", help=f"comma-separated, from {', '.join(BUILDERS)}")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--dtype", default="auto", help="local engine dtype: auto, float32 or bfloat16")
+    parser.add_argument("--dtype", default="auto", help="embedded engine dtype: auto, float32 or bfloat16")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM's --dtype")
     parser.add_argument("--sequences", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=256)
@@ -229,7 +232,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prefill-chunk", type=int, default=-1, help="default: 512 on CPU, 8192 on CUDA")
     parser.add_argument("--kv-cache-mb", type=float, default=4096.0)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for the local engine (0: torch's)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for the embedded engine (0: torch's)")
     parser.add_argument("--peak-gbps", type=float, default=0.0, help="memory bandwidth to compare decode with")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the exactness figures")
     parser.add_argument("--out", default="benchmarks/results/engines.json")

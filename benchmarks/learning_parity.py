@@ -56,8 +56,9 @@ from envhub.trainer.config import TrainConfig, config_from_dict, config_to_dict
 from envhub.trainer.learner.is_correction import LEVELS
 from envhub.trainer.learner.pg_variants import PG_VARIANTS
 from envhub.trainer.models import build_policy
+from envhub.trainer.run.metrics import learner_stat
 from envhub.trainer.sft import warm_start
-from envhub.trainer.train import Trainer, learner_stat
+from envhub.trainer.train import Trainer
 
 MODES = ("sync", "async")
 VARIANTS = tuple(PG_VARIANTS)  # the learner's registry: a new variant is a --variant choice with nothing to edit here

@@ -4,7 +4,7 @@
         [--episodes 2] [--turns 3] [--max-new-tokens 48] [--out benchmarks/results/multiturn_engine.json]
 
 Real episodes (RolloutWorker, greedy, so both modes play the same tokens) of the agentic envs, all in flight at
-once on one LocalEngine. Reports episodes/s, generated tokens/s and tokens prefilled for each mode, whether the
+once on one EmbeddedEngine. Reports episodes/s, generated tokens/s and tokens prefilled for each mode, whether the
 outputs were identical, and the speedup. An env that cannot run here (e.g. SWE-v0 without Docker) gets an error
 entry and the rest still run.
 """
@@ -23,12 +23,12 @@ import torch
 
 import envhub
 from envhub.trainer.config import RolloutConfig
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 from envhub.trainer.rollout.worker import RolloutWorker
 
 
-async def play(engine: LocalEngine, tokenizer, envs: list[str], episodes: int, config: RolloutConfig) -> dict:
+async def play(engine: EmbeddedEngine, tokenizer, envs: list[str], episodes: int, config: RolloutConfig) -> dict:
     """All episodes of all envs concurrently; returns timings, token counts and each episode's ids."""
     worker = RolloutWorker(engine, tokenizer, config)
     jobs = [(env_id, seed) for env_id in envs for seed in range(episodes)]
@@ -72,7 +72,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     modes = {"no_reuse": 0.0, "prefix_reuse": 512.0}
     report = {}
     for name, cache_mb in modes.items():
-        engine = LocalEngine(
+        engine = EmbeddedEngine(
             model, tokenizer, max_batch_size=64, prefix_cache_mb=cache_mb, prefill_chunk=args.prefill_chunk
         )
         try:

@@ -76,10 +76,10 @@ async def sandboxes(n: int) -> dict[str, Any]:
 
 
 def engine(model_name: str, prompts: int, max_new_tokens: int) -> dict[str, Any]:
-    """LocalEngine batched tokens/s over a sequential model.generate loop, same prompts, greedy."""
+    """EmbeddedEngine batched tokens/s over a sequential model.generate loop, same prompts, greedy."""
     import engine_throughput as et
 
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.models import load_model
 
     model, tokenizer = load_model(model_name, device="cpu")
@@ -88,7 +88,7 @@ def engine(model_name: str, prompts: int, max_new_tokens: int) -> dict[str, Any]
     seq_out, seq_s = et.sequential_generate(model, batch, max_new_tokens)
 
     async def batched() -> tuple[list[list[int]], float]:
-        eng = LocalEngine(model, tokenizer, max_batch_size=max(64, prompts))
+        eng = EmbeddedEngine(model, tokenizer, max_batch_size=max(64, prompts))
         try:
             await et.engine_generate(eng, batch[:2], 2)  # warm-up
             return await et.engine_generate(eng, batch, max_new_tokens)
@@ -132,7 +132,7 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
 
     from envhub.trainer.bench import BENCH_ENV
     from envhub.trainer.config import config_from_dict
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.engines.server.app import start_engine_server
     from envhub.trainer.models import build_policy
     from envhub.trainer.rollout.ray_workers import RayOptions, RayRolloutSource
@@ -149,7 +149,7 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
     if owns:
         ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False, configure_logging=False)
     model, tokenizer = build_policy(config.model, 0)
-    server = await start_engine_server(LocalEngine(model, tokenizer, max_batch_size=64))
+    server = await start_engine_server(EmbeddedEngine(model, tokenizer, max_batch_size=64))
     options = RayOptions(workers=counts[0], episodes_per_worker=per_worker, cpus_per_worker=1)
     source = RayRolloutSource(options, config, server.url)
     rows = {}
@@ -246,7 +246,7 @@ def to_markdown(r: dict[str, Any]) -> str:
         [f"{e['error']}"]
         if "error" in e
         else [
-            "| model | prompts | new tokens | model.generate loop | LocalEngine batched | speedup |",
+            "| model | prompts | new tokens | model.generate loop | EmbeddedEngine batched | speedup |",
             "|---|---:|---:|---:|---:|---:|",
             f"| {e['model']} | {e['prompts']} | {e['max_new_tokens']} | {e['generate_loop_tokens_per_s']} | "
             f"{e['engine_tokens_per_s']} | {e['speedup']}x |",

@@ -1,11 +1,11 @@
-"""The real engine as the oracle for ours: vLLM (CPU build) vs the embedded LocalEngine on the same weights.
+"""The real engine as the oracle for ours: vLLM (CPU build) vs the embedded EmbeddedEngine on the same weights.
 
     python benchmarks/vllm_agreement.py [--model smollm2|tiny|DIR] [--prompts 8] [--max-new-tokens 64]
                                         [--pushes 3] [--out benchmarks/results/vllm_agreement.json]
 
 One run: start a managed vLLM server (timed), then on chat prompts built from real envs' first observations
 (Math-v0, Sokoban-v0, Letters-v0, with their system prompts, through envhub's chat template):
-- greedy: token ids of vLLM and LocalEngine (identical prompts; where they diverge, the top-2 logit gap of a
+- greedy: token ids of vLLM and EmbeddedEngine (identical prompts; where they diverge, the top-2 logit gap of a
   plain forward pass at that position says whether it was a near tie), and |logprob difference| on the
   common prefix, against each other and against the forward pass;
 - sampled at T=1 and T=0.7: vLLM's reported logprobs against log_softmax(logits / T) of the forward pass;
@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import envhub
 from envhub.chat_tokens import ChatTokens
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.vllm.engine import VLLMEngine
 from envhub.trainer.engines.vllm.weights import served_model_dir
 
@@ -65,7 +65,7 @@ def diffs(a: list[float], b: list[float]) -> list[float]:
     return [abs(x - y) for x, y in zip(a, b)]
 
 
-async def greedy_agreement(vllm: VLLMEngine, local: LocalEngine, model, prompts, max_new: int) -> dict:
+async def greedy_agreement(vllm: VLLMEngine, local: EmbeddedEngine, model, prompts, max_new: int) -> dict:
     sampling = SamplingParams(max_new_tokens=max_new, temperature=0.0)
     rows, vs_local, vs_forward = [], [], []
     for prompt in prompts:
@@ -136,7 +136,7 @@ async def engine_throughput(engine, prompts: list[list[int]], new_tokens: int) -
     return {"wall_s": wall, "generated_tokens": generated, "tokens_per_s": generated / wall}
 
 
-async def throughput(vllm: VLLMEngine, local: LocalEngine, vocab: int, args: argparse.Namespace) -> dict:
+async def throughput(vllm: VLLMEngine, local: EmbeddedEngine, vocab: int, args: argparse.Namespace) -> dict:
     """Both engines on one batch of random prompts (the same ids), vLLM first."""
     rng = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (args.prompt_tokens,), generator=rng).tolist() for _ in range(args.seqs)]
@@ -161,7 +161,7 @@ async def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     vllm = await VLLMEngine.launch(model_dir, dtype="float32", kv_cache_gib=args.kv_cache_gib)
     startup_s = time.perf_counter() - started
-    local = LocalEngine(model, tokenizer)
+    local = EmbeddedEngine(model, tokenizer)
     try:
         report = {
             "model": args.model,
@@ -190,14 +190,14 @@ def print_report(report: dict) -> None:
         t = report["throughput"]
         print(
             f"throughput ({t['seqs']} x {t['prompt_tokens']} prompt + {t['new_tokens']} new): vLLM "
-            f"{t['vllm_tokens_per_s']:.1f} tok/s, LocalEngine {t['local_tokens_per_s']:.1f} tok/s"
+            f"{t['vllm_tokens_per_s']:.1f} tok/s, EmbeddedEngine {t['local_tokens_per_s']:.1f} tok/s"
         )
     if "greedy" not in report:
         return
     greedy = report["greedy"]
     print(
         f"greedy: {greedy['prompts_identical']}/{greedy['prompts']} prompts with identical ids; max |dlogprob| "
-        f"vs LocalEngine {greedy['max_abs_logprob_diff_vs_local']:.2e}, "
+        f"vs EmbeddedEngine {greedy['max_abs_logprob_diff_vs_local']:.2e}, "
         f"vs forward {greedy['max_abs_logprob_diff_vs_forward']:.2e}"
     )
     for s in report["sampled"]:

@@ -1,11 +1,11 @@
-"""Seconds to push new weights into an idle embedded LocalEngine, the way the trainer pushes them.
+"""Seconds to push new weights into an idle embedded EmbeddedEngine, the way the trainer pushes them.
 
     python benchmarks/weight_push.py [--model smollm2] [--dtype float32|bfloat16] [--repeats 5] [--label NAME]
         [--out benchmarks/results/weight_push.json]
 
 The learner's fp32 state dict (tied weights once, as `named_parameters` gives them) goes to
 `engine.update_weights` on an engine serving `--dtype`; reported: the median and min over `--repeats` pushes.
-Written to run unchanged against older LocalEngines too (it needs only `LocalEngine(model, tokenizer)` and
+Written to run unchanged against older embedded engines too (it needs only `EmbeddedEngine(model, tokenizer)` and
 `update_weights(state, version=)`), so a before/after figure is this script run from two checkouts; results append
 to `--out` under `--label`.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 
 
@@ -30,7 +30,7 @@ async def push_seconds(model_name: str, dtype: torch.dtype, repeats: int) -> lis
     served, tokenizer = load_model(model_name, device="cpu", dtype=dtype)
     learner, _ = load_model(model_name, device="cpu", dtype=torch.float32)
     state = {name: p.detach() for name, p in learner.named_parameters()}
-    engine = LocalEngine(served, tokenizer)
+    engine = EmbeddedEngine(served, tokenizer)
     times = []
     try:
         for version in range(1, repeats + 1):

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.server.app import start_engine_server
 from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.models import load_model
@@ -101,7 +101,7 @@ async def main(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as root:
         weights = Path(root) / "policy"
         model.save_pretrained(weights, safe_serialization=True)
-        server = await start_engine_server(LocalEngine(model, tokenizer, max_batch_size=64), weights_dirs=[root])
+        server = await start_engine_server(EmbeddedEngine(model, tokenizer, max_batch_size=64), weights_dirs=[root])
         try:
             runs = [await run_mode(server.url, mode, weights, args) for _ in range(args.rounds) for mode in MODES]
             rows = [_merge([r for r in runs if r["mode"] == name]) for name in dict.fromkeys(r["mode"] for r in runs)]

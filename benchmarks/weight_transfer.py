@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.protocol import join_weight_group
 from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.learner.precision import export_weights
@@ -88,7 +88,7 @@ async def run_path(name: str, url: str, net, tokenizer, state: dict, args, weigh
         await client.destroy_weights_update_group()
         group.close()
     net.load_state_dict(pushed, strict=False)
-    local = LocalEngine(net, tokenizer)
+    local = EmbeddedEngine(net, tokenizer)
     expected = (await local.generate([1, 2, 3], GREEDY)).output_ids
     await local.close()
     served = (await client.generate([1, 2, 3], GREEDY)).output_ids

@@ -26,7 +26,7 @@ def engine_socket_path() -> str:
     parsed = urlparse(host)
     if parsed.scheme != "unix":
         raise SandboxError(
-            f"DOCKER_HOST={host} is not a unix socket", hint="envhub sandboxes need a local engine (unix socket)"
+            f"DOCKER_HOST={host} is not a unix socket", hint="envhub sandboxes need a embedded engine (unix socket)"
         )
     return parsed.path
 

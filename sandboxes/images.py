@@ -128,7 +128,7 @@ def docker_client():  # -> docker.DockerClient
 
 
 def image_exists(tag: str) -> bool:
-    """True when the local engine has an image with this tag."""
+    """True when the embedded engine has an image with this tag."""
     import docker.errors
 
     try:

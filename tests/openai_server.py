@@ -1,6 +1,6 @@
 """`envhub serve-engine`'s own app (its /v1 routes) on 127.0.0.1 for OpenAI-client tests, behind a fault middleware.
 
-Answers come from a real model: `LocalEngine` over a tiny random Llama with the SmolLM2 tokenizer, served by
+Answers come from a real model: `EmbeddedEngine` over a tiny random Llama with the SmolLM2 tokenizer, served by
 `trainer.engines.server.create_app` exactly as `envhub serve-engine` serves it. The fault middleware, put in
 front of the app's own middlewares, injects what real endpoints do wrong (401 for a wrong key, 429 with
 Retry-After, 5xx, slow answers, servers without tool calling). Its one scripted piece, `FaultPlan.scripted`,
@@ -145,11 +145,11 @@ def start_compat_server(engine: Any, model_name: str = "tiny-llama") -> tuple[Co
 @pytest.fixture(scope="module")
 def compat_server() -> Iterator[CompatServer]:
     """One server per test module over a tiny random Llama with the SmolLM2 tokenizer."""
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.models import load_tokenizer, tiny_llama
 
     tokenizer = load_tokenizer("tiny")
-    engine = LocalEngine(tiny_llama(tokenizer, seed=0), tokenizer)
+    engine = EmbeddedEngine(tiny_llama(tokenizer, seed=0), tokenizer)
     server, stop = start_compat_server(engine)
     server.tokenizer = tokenizer  # type: ignore[attr-defined]
     yield server

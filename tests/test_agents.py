@@ -96,11 +96,11 @@ async def test_engine_agent_builds_the_same_tokens_as_the_rollout(tiny):
     from envhub.agents import EngineAgent
     from envhub.inference import SamplingParams
     from envhub.trainer.config import RolloutConfig
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.rollout.worker import RolloutWorker
 
     model, tokenizer = tiny
-    engine = LocalEngine(model, tokenizer)
+    engine = EmbeddedEngine(model, tokenizer)
     config = RolloutConfig(max_turns=3, max_new_tokens=6, max_total_tokens=4096, temperature=0.0)
     trajectory = await RolloutWorker(engine, tokenizer, config).run_episode(
         lambda: envhub.make("Sokoban-v0"), "Sokoban-v0", seed=4
@@ -121,10 +121,10 @@ async def test_engine_agent_drops_oldest_turns_with_a_marker(tiny):
     from envhub.agents import EngineAgent
     from envhub.agents.chat import CONTEXT_MARKER
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
     model, tokenizer = tiny
-    engine = LocalEngine(model, tokenizer)
+    engine = EmbeddedEngine(model, tokenizer)
     env = envhub.make("Letters-v0", turns=20)
     obs, info = env.reset(seed=0)
     probe = EngineAgent(engine, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0))

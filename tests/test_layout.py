@@ -159,3 +159,76 @@ def test_functions_stay_short():
 def test_every_module_says_its_job():
     missing = [str(p.relative_to(ROOT)) for p in modules().values() if not ast.get_docstring(ast.parse(p.read_text()))]
     assert not missing, f"modules without a docstring naming their job: {missing}"
+
+
+# The trainer's rooms: the modules loose at trainer/'s top (the contract between rollout and learner, the config,
+# the loop and its one-off jobs) and the folders along the data path. A new module goes into a room, or here.
+TRAINER_TOP = {
+    "bench", "collect", "config", "evaluation", "models", "sft", "staleness", "train", "trajectory",
+}  # fmt: skip
+TRAINER_ROOMS = {
+    "rollout": {"tasks", "producer", "sources", "worker", "ray_workers", "queue", "preflight"},
+    "run": {"record", "resume", "metrics", "errors", "cpu_usage"},
+    "engines": {"kinds", "protocol", "routing", "launcher", "resubmit", "weights", "weight_sync", "watch"},
+    "engines/embedded": {"engine", "kind"},
+    "engines/server": {"app", "security", "state", "weights", "openai_api", "gate"},
+    "engines/sglang": {"client", "kind", "deploy", "launch"},
+    "engines/vllm": {"engine", "kind", "command", "weights"},
+}
+
+
+def test_the_trainer_keeps_its_rooms():
+    top = {p.stem for p in (ROOT / "trainer").glob("*.py")} - {"__init__"}
+    assert top == TRAINER_TOP, (
+        f"loose modules at trainer/'s top changed: {sorted(top ^ TRAINER_TOP)} (put new ones in a room)"
+    )
+    for room, members in TRAINER_ROOMS.items():
+        present = {p.stem for p in (ROOT / "trainer" / room).glob("*.py")}
+        assert members <= present, f"trainer/{room}/ lacks {sorted(members - present)}"
+    families = {p.name for p in (ROOT / "trainer" / "engines").iterdir() if (p / "__init__.py").exists()}
+    assert families == {"embedded", "server", "sglang", "vllm"}, "one folder per engine family"
+
+
+ENGINE_KIND_NAMES = {"embedded", "local", "sglang", "vllm"}
+
+
+def _kind_comparisons(path: Path, root: Path = ROOT) -> list[str]:
+    """Comparisons of an engine kind's name with a string literal: `kind == "vllm"`, `x.kind in ("local", ...)`,
+    `backend != "embedded"` (the sandboxes' own `backend == "local"` is another thing: it names no engine)."""
+    tree, found = ast.parse(path.read_text()), []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        literals = set()
+        for operand in operands:
+            elts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+            literals |= {e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        names = literals & ENGINE_KIND_NAMES
+        text = " ".join(ast.unparse(o) for o in operands)
+        engine_words = ("kind", "engine") if names == {"local"} else ("kind", "engine", "backend")
+        if names and any(word in text for word in engine_words):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_engines_compare_engine_kind_names():
+    """The engine kind is a type (trainer/engines/kinds.py): outside trainer/engines/, code asks the kind."""
+    engines = ROOT / "trainer" / "engines"
+    files = [p for p in modules().values() if engines not in p.parents]
+    files += list((ROOT / "benchmarks").glob("*.py"))
+    found = [line for path in files for line in _kind_comparisons(path)]
+    assert not found, "engine kinds compared with strings outside trainer/engines/:\n" + "\n".join(found)
+
+
+def test_the_kind_check_finds_string_comparisons(tmp_path):
+    """The check above can fail: it finds each spelling of the comparison it forbids."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        'if cfg.engine.kind != "local": pass\n'
+        'if kind in ("sglang", "vllm"): pass\n'
+        'if args.backend == "vllm": pass\n'
+        'if backend == "local": pass\n'  # a sandbox backend: not an engine kind
+    )
+    found = _kind_comparisons(sample, tmp_path)
+    assert [line.split(":")[1] for line in found] == ["1", "2", "3"], found

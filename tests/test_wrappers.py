@@ -204,12 +204,12 @@ async def test_a_gymnasium_wrapper_around_a_made_env_runs_on_the_async_path():
 
 async def test_the_rollout_sees_the_wrapped_rewards():
     from envhub.trainer.config import RolloutConfig
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.models import load_tokenizer, tiny_llama
     from envhub.trainer.rollout.worker import RolloutWorker
 
     tokenizer = load_tokenizer("tiny")
-    engine = LocalEngine(tiny_llama(tokenizer, seed=0), tokenizer)
+    engine = EmbeddedEngine(tiny_llama(tokenizer, seed=0), tokenizer)
     worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_turns=2, max_new_tokens=3, temperature=1.0))
     try:
         # the tiny random model says anything; the action wrapper makes it "up", so the rewards are known

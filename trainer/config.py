@@ -79,20 +79,18 @@ class SGLangLaunchConfig:
 class EngineConfig:
     """Where rollouts are generated."""
 
-    kind: Literal["local", "sglang", "vllm"] = (
-        "local"  #: embedded LocalEngine, SGLang servers (attached or launched), or a real vLLM server
-    )
+    kind: str = "embedded"  #: embedded (alias local), sglang (servers attached or launched), vllm, or a registered kind
     url: str = ""  #: SGLang server URL(s), comma-separated, or a running vLLM server to attach to (kind vllm)
     launch: SGLangLaunchConfig | None = None  #: kind sglang: start the servers instead of attaching
     router_url: str = ""  #: kind sglang, attach: generate through this sglang-router (control calls go to each url)
-    max_batch_size: int = 16  #: requests the local engine batches together
-    prefix_cache_mb: float = 256.0  #: local engine: KV of earlier turns kept for reuse (0 = off)
-    prefill_chunk: int = 512  #: local engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
+    max_batch_size: int = 16  #: requests the embedded engine batches together
+    prefix_cache_mb: float = 256.0  #: embedded engine: KV of earlier turns kept for reuse (0 = off)
+    prefill_chunk: int = 512  #: embedded engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
     dtype: Literal["auto", "float32", "bfloat16"] = (
-        "auto"  #: local engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX) and with a bf16 learner; else fp32
+        "auto"  #: embedded engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX), with a bf16 learner; else fp32
     )
-    kv_cache_mb: float = 2048.0  #: local engine: KV cache budget; requests queue when it is full
-    cuda_graphs: bool = True  #: local engine on CUDA: replay decode steps from captured CUDA graphs
+    kv_cache_mb: float = 2048.0  #: embedded engine: KV cache budget; requests queue when it is full
+    cuda_graphs: bool = True  #: embedded engine on CUDA: replay decode steps from captured CUDA graphs
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
         "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
     )
@@ -114,43 +112,6 @@ class EngineConfig:
     bucket_mb: float = 512.0  #: weight_sync tensor / nccl: most megabytes per update request
     group_backend: Literal["nccl", "gloo"] = "nccl"  #: weight_sync nccl: the group's backend (gloo: CPU, tests)
     group_address: str = "127.0.0.1"  #: weight_sync nccl: the trainer's address as the servers reach it
-
-    def validate(self) -> None:
-        """Raise ConfigError for engine settings that cannot work together."""
-        if self.kind != "sglang":
-            if self.launch is not None or self.router_url or self.weight_sync != "disk":
-                raise ConfigError(
-                    f"engine.launch, router_url and weight_sync are for kind: sglang, not kind: {self.kind}",
-                    hint="set engine.kind: sglang, or drop those keys",
-                )
-            return
-        if self.launch is not None and (self.url or self.router_url):
-            raise ConfigError(
-                "engine has both launch and url: attach to running servers or launch them, not both",
-                hint="drop engine.url (launch) or engine.launch (attach)",
-            )
-        if self.launch is None and not self.url:
-            raise ConfigError(
-                "engine.kind sglang needs engine.url (running servers) or engine.launch (start SGLang)",
-                hint="e.g. url: http://127.0.0.1:30000, or launch: {num_servers: 1}",
-            )
-        if self.tp_size < 1 or self.bucket_mb <= 0:
-            raise ConfigError(f"engine.tp_size must be >= 1 and bucket_mb > 0, got {self.tp_size}, {self.bucket_mb}")
-        launch = self.launch
-        if launch is not None:
-            if launch.num_servers < 1:
-                raise ConfigError(f"engine.launch.num_servers must be at least 1, got {launch.num_servers}")
-            if not 0 <= launch.mem_fraction_static < 1:
-                raise ConfigError(
-                    f"engine.launch.mem_fraction_static must be in [0, 1), got {launch.mem_fraction_static}"
-                )
-            from envhub.trainer.engines.server.security import is_loopback
-
-            if not self.api_key and not is_loopback(launch.host):
-                raise ConfigError(
-                    f"engine.launch.host {launch.host} reaches beyond this machine without an API key",
-                    hint="set engine.api_key (SGLang's --api-key), or keep host: 127.0.0.1",
-                )
 
 
 @dataclass
@@ -341,7 +302,6 @@ class TrainConfig:
         if self.algorithm.mode == "async":
             Staleness(self.algorithm.max_staleness).check(self.algorithm.groups_per_step)
         self.algorithm.validate()
-        self.engine.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")
         if self.engine.max_outage_s < 0:
@@ -353,17 +313,6 @@ class TrainConfig:
                 f"model.tiny_hidden ({self.model.tiny_hidden}) must be a multiple of model.tiny_heads "
                 f"({self.model.tiny_heads})"
             )
-        if self.engine.kind == "vllm" and self.model.name == "tiny" and not self.engine.url:
-            from envhub.trainer.engines.vllm.command import CPU_HEAD_SIZES
-
-            head_dim = self.model.tiny_hidden // self.model.tiny_heads
-            if head_dim not in CPU_HEAD_SIZES:
-                raise ConfigError(
-                    f"vLLM's CPU attention cannot run the tiny model's head_dim {head_dim} "
-                    f"(tiny_hidden {self.model.tiny_hidden} / tiny_heads {self.model.tiny_heads})",
-                    hint=f"set model.tiny_heads so that head_dim is one of {CPU_HEAD_SIZES}, e.g. tiny_heads: "
-                    f"{max(1, self.model.tiny_hidden // 32)}",
-                )
         if self.learner.train_layers < 0:
             raise ConfigError(
                 "learner.train_layers must be 0 (every weight) or a number of top layers, "
@@ -378,7 +327,16 @@ class TrainConfig:
             raise ConfigError(
                 "LoRA with learner.strategy fsdp is not supported", hint="use strategy: ddp (adapters are small)"
             )
+        self.check_engine()
         return self
+
+    def check_engine(self) -> None:
+        """Have the engine kind check its settings. A kind that only a module in `imports:` (or `--import`)
+        registers is checked when the run has imported it (`Trainer` does so before building the engine)."""
+        from envhub.trainer.engines.kinds import engine_kind, is_engine_kind
+
+        if is_engine_kind(self.engine.kind) or not self.imports:
+            engine_kind(self.engine.kind).check(self)
 
 
 _YAML11_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")

@@ -1,6 +1,6 @@
 """The trainer's before/after evaluation: the policy on fixed held-out seeds of every task, in RUN_DIR/eval.json.
 
-It is `envhub eval` itself (`envhub.eval.evaluate`) with an `EngineAgent` over a `LocalEngine` serving the policy,
+It is `envhub eval` itself (`envhub.eval.evaluate`) with an `EngineAgent` over a `EmbeddedEngine` serving the policy,
 greedy by default, so an evaluated episode is laid out token for token as a training episode and `envhub eval` on
 the exported checkpoint plays the same episodes. Not bit for bit: with every episode in flight at once, which rows share
 a bf16 decode batch changes the sums, and a near-tie can flip (docs/trainer.md, learning parity: 3-5 of 48 greedy
@@ -38,16 +38,15 @@ async def evaluate_policy(
     """Rewards of evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task, errors left out."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded import EmbeddedEngine, served_dtype
     from envhub.trainer.models import copy_as
     from envhub.trainer.rollout.tasks import env_factory
-    from envhub.trainer.serving import served_dtype
 
     ev, rollout = config.evaluation, config.rollout
     # the policy as the training engine serves it (bf16 where that engine is bf16), on a copy: the learner's fp32
     # masters stay as they are
     dtype = served_dtype(config, model)
-    engine = LocalEngine(
+    engine = EmbeddedEngine(
         copy_as(model, dtype).eval(),
         tokenizer,
         max_batch_size=max(config.engine.max_batch_size, 1),

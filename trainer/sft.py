@@ -171,7 +171,7 @@ async def warm_start(model: Any, tokenizer: Any, config: Any, out_dir: str | Pat
         data = await collect_expert_data(config, data)
     examples = load_examples(data, tokenizer, sft.max_tokens)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    from envhub.trainer.engines.embedded.compute_thread import releasing_openmp
+    from envhub.trainer.engines.embedded import releasing_openmp
 
     stats = await asyncio.to_thread(
         releasing_openmp(run_sft),

@@ -22,16 +22,13 @@ import torch
 
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
-from envhub.trainer.engines.embedded.compute_thread import releasing_openmp
-from envhub.trainer.engines.watch import WatchedEngine
+from envhub.trainer.engines import WatchedEngine, engine_kind
+from envhub.trainer.engines.embedded import releasing_openmp, served_dtype
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
 from envhub.trainer.learner.checkpoint import (
-    Checkpoint,
     CheckpointError,
     latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
 )
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
@@ -44,51 +41,20 @@ from envhub.trainer.rollout.tasks import TaskSampler, env_factory
 from envhub.trainer.rollout.worker import RolloutWorker
 from envhub.trainer.run.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.run.errors import TaskErrors
-from envhub.trainer.run.metrics import MetricsLogger
+from envhub.trainer.run.metrics import MetricsLogger, off_policy_warning
 from envhub.trainer.run.record import EpisodeRecorder
-from envhub.trainer.run.resume import ERRORS_FILE, record_state, restore_record, rewind_record, stop_error
-from envhub.trainer.serving import build_engine, push_weights, served_dtype
+from envhub.trainer.run.resume import (
+    ERRORS_FILE,
+    restore_checkpoint,
+    restore_record,
+    rewind_record,
+    save_run,
+    stop_error,
+)
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
-from envhub.trainer.trajectory import Group, Trajectory
+from envhub.trainer.trajectory import Group
 from envhub.user_modules import load_user_modules
-
-
-def learner_stat(row: dict[str, Any], name: str, default: float) -> float:
-    """A learner statistic of a history row: nested (`row["learner"][name]`, as the trainer logs it) or flat."""
-    nested = row.get("learner")
-    if isinstance(nested, dict) and name in nested:
-        return nested[name]
-    return row.get(f"learner/{name}", default)
-
-
-def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
-    """A warning when async steps keep training on stale samples most of whose tokens fall outside the PPO clip.
-
-    With `max_staleness` >= 1 a batch comes from the policy one step (or more) back; when one step moves the
-    policy far (a high lr), the ratio to that behaviour policy leaves the clip range for most tokens, their
-    gradient is zero, and the run learns far less than the same config in sync mode. The share is the one `ppo`
-    logs for its own ratio (`ppo_clip_{low,high}_fraction`), so the warning follows the variant's actual anchor:
-    no other variant logs it, and under `is_correction` with `apply_weight` ppo's ratio is taken against the
-    proximal policy, whose clip the staleness does not reach.
-    """
-    recent = history[-window:]
-    if mode != "async" or len(recent) < window:
-        return None
-
-    def outside(row: dict[str, Any]) -> float:
-        return learner_stat(row, "ppo_clip_low_fraction", 0.0) + learner_stat(row, "ppo_clip_high_fraction", 0.0)
-
-    if all(r.get("staleness", 0) > 0.5 and outside(r) > max_clip for r in recent):
-        clip = sum(outside(r) for r in recent) / window
-        kl = learner_stat(recent[-1], "kl_behavior", float("nan"))
-        return (
-            f"warning: the last {window} async steps trained on samples from an older policy and {clip:.0%} of their "
-            f"tokens fell outside the PPO clip (KL(behaviour || learner) {kl:.3g}), where ppo's gradient is cut or "
-            "scaled down: each step moves the policy too far for off-policy samples to teach. Set "
-            "algorithm.pg_variant: vanilla (no ratio to clip), lower algorithm.lr, or set algorithm.mode: sync."
-        )
-    return None
 
 
 @dataclass
@@ -150,6 +116,7 @@ class Trainer:
         self.on_step = on_step
         self._stop = asyncio.Event()
         self.engine: InferenceEngine | None = None
+        self.kind: Any = None  # the engine's EngineKind, named once the config's imports: are loaded (_prepare)
         self.stop_reason = "step budget spent"
         self.learner_group: Any = None  # DistLearner when the learner runs on several processes
         self.sft_stats: dict[str, float] | None = None  # the warm start's losses, when the config has an sft stage
@@ -207,6 +174,8 @@ class Trainer:
         """Check the tasks, build policy, engine, learner, queue and rollout source; resume or warm-start."""
         cfg = self.config
         load_user_modules(cfg.imports, option="imports:")  # the config's own env modules (envhub train --import)
+        self.kind = engine_kind(cfg.engine.kind)  # a kind from the config's imports: is known from here
+        self.kind.check(cfg)
         await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
@@ -215,10 +184,7 @@ class Trainer:
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
         # before LoRA wraps the model: engines serve plain weights
-        self.engine = await build_engine(cfg, model, tokenizer)
-        if cfg.engine.kind != "local":  # a server may die and come back: ride it out, or stop naming it
-            self.engine = WatchedEngine(self.engine, cfg.engine.max_outage_s)
-            self.engine.start_watch()
+        self.engine = self.kind.watch(await self.kind.build(cfg, model, tokenizer), cfg)
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         algo = cfg.algorithm
         queue = TrajectoryQueue(
@@ -229,9 +195,9 @@ class Trainer:
             algo.max_reward,
         )
         sampler = TaskSampler(cfg.tasks, cfg.seed)
-        step = self._restore(saved, learner, queue, sampler) if saved is not None else 0
+        step = restore_checkpoint(saved, learner, queue, sampler) if saved is not None else 0
         if step:
-            await push_weights(self.engine, learner, queue.version, cfg, self.out_dir)
+            await self.kind.push(self.engine, learner, queue.version, cfg, self.out_dir)
         self.rollouts = await self._rollout_source(tokenizer)
         if resume:  # rows a killed process wrote past the checkpoint go: each step is recorded once
             rewind_record(self.out_dir, saved.state.get("record") if saved is not None else None)
@@ -242,6 +208,7 @@ class Trainer:
             queue,
             sampler,
             recorder,
+            errors,
             concurrency=max(cfg.rollout.concurrent_groups, algo.groups_per_step),
             reward_window=2 * algo.groups_per_step * cfg.rollout.group_size,
         )
@@ -250,7 +217,6 @@ class Trainer:
         metrics = MetricsLogger(self.out_dir, purge_step=step + 1 if resume else None)
         run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, metrics, producer)
         run.evaluation, run.eval_model, run.step, run.first_step = evaluation, eval_model, step, step
-        self._watch_episodes(run)
         return run
 
     async def _abandon(self) -> None:
@@ -277,18 +243,6 @@ class Trainer:
         # kept for the final evaluation, in the dtype it is decoded in: half the memory of an fp32 copy
         return evaluation, copy_as(model, served_dtype(cfg, model))
 
-    def _restore(self, checkpoint: Checkpoint, learner: Learner, queue: TrajectoryQueue, sampler: TaskSampler) -> int:
-        """Load `checkpoint` into learner, queue and sampler; returns its step."""
-        if learner.sharded:  # FSDP: rank 0 reads the full checkpoint, every process keeps its shards
-            learner.load_sharded_checkpoint(checkpoint.path)
-        else:
-            load_checkpoint(checkpoint, learner.model, learner.optimizer)
-        learner.load_extra_state(checkpoint.state.get("learner", {}))
-        learner.broadcast_state()  # other learner processes take rank 0's loaded state
-        queue.load_state(checkpoint.state["queue"])
-        sampler.load_state(checkpoint.state["sampler"])
-        return checkpoint.step
-
     async def _rollout_source(self, tokenizer: Any) -> RolloutSource:
         """Episodes played on this process's event loop, or on Ray actors when the run asks for them."""
         cfg = self.config
@@ -299,19 +253,6 @@ class Trainer:
             return await RayRolloutSource.start(self.ray, cfg, self.engine)
         factories = {task.env: env_factory(task) for task in cfg.tasks}
         return LocalRollouts(RolloutWorker(self.engine, tokenizer, cfg.rollout), factories)
-
-    def _watch_episodes(self, run: _Run) -> None:
-        """Every finished episode goes to the run record and the error counts; dropped groups to the record."""
-
-        def episode_ended(trajectory: Trajectory) -> None:
-            run.recorder.episode(trajectory, run.queue.version)
-            run.errors.observe(trajectory)
-
-        assert self.rollouts is not None
-        self.rollouts.on_episode = episode_ended
-        run.queue.on_dropped = lambda g: run.recorder.group(
-            g[0].group_id, g[0].task, "dropped_stale", run.queue.version
-        )
 
     # -- produce: wait for a batch while rollouts run -------------------------------------------------------------
     async def _next_batch(self, run: _Run, producing: asyncio.Task[None]) -> list[Group] | None:
@@ -325,7 +266,7 @@ class Trainer:
             while not batch.done() and not stop.done() and not producing.done():
                 await asyncio.wait({batch, stop, producing}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                 if self.on_progress is not None:
-                    self.on_progress(self._progress(run))
+                    self.on_progress(run.producer.progress(self.engine))
                 self._raise_if_failing(run)
                 if (reason := run.queue.stop_reason(self.config.algorithm.max_filtered_in_a_row)) is not None:
                     self.stop_reason = reason
@@ -356,22 +297,6 @@ class Trainer:
             return True
         return False
 
-    def _progress(self, run: _Run) -> dict[str, Any]:
-        """What is happening within the current learner step (for progress bars)."""
-        worker = getattr(self.rollouts, "worker", None)
-        engine_tokens = getattr(getattr(self.engine, "stats", None), "tokens", None)
-        elapsed = max(time.monotonic() - run.recorder.started, 1e-9)
-        counters = run.queue.counters
-        return {
-            "episodes_running": getattr(worker, "episodes_running", None),
-            "episodes_done": run.recorder.episodes_done,
-            "groups_running": len(run.producer.in_flight),
-            "groups_accepted": counters.accepted,
-            "groups_filtered": counters.filtered_zero_variance,
-            "groups_dropped": counters.dropped_stale,
-            "tokens_per_s": engine_tokens / elapsed if engine_tokens is not None else run.recorder.tokens_per_s(),
-        }
-
     # -- train step ---------------------------------------------------------------------------------------------
     async def _train_step(self, run: _Run, groups: list[Group], producing: asyncio.Task[None]) -> None:
         """One learner step on `groups`, the new weights to the engine, metrics, and a checkpoint when due."""
@@ -385,11 +310,9 @@ class Trainer:
             # will train plays during the final checkpoint (and lands in the record as unfinished)
             producing.cancel()
             await asyncio.gather(producing, return_exceptions=True)
-        run.producer.step = run.step
-        for g in groups:
-            run.recorder.group(g[0].group_id, g[0].task, "trained", run.step)
+        run.producer.trained(groups, run.step)
         try:
-            push = await push_weights(self.engine, run.learner, run.step, self.config, self.out_dir)
+            push = await self.kind.push(self.engine, run.learner, run.step, self.config, self.out_dir)
         except BaseException:
             run.queue.version = run.step  # the step was taken: its checkpoint says so (nothing more is admitted)
             raise
@@ -430,28 +353,9 @@ class Trainer:
     async def _save(self, run: _Run) -> Path:
         """Snapshot the learner (a collective under FSDP), then write the files off the event loop."""
         snapshot = await asyncio.to_thread(releasing_openmp(run.learner.checkpoint_state))
-        state = {
-            "queue": run.queue.state(),
-            "sampler": run.sampler.state(),
-            "version": run.queue.version,
-            "learner": snapshot.extra,
-            "record": record_state(self.out_dir, run.recorder, run.errors, run.producer),  # where --resume rewinds to
-        }
-        budget = self.config.budget
-        learner = run.learner
         run.save_attempted = run.step
-        return await asyncio.to_thread(
-            save_checkpoint,
-            self.out_dir,
-            run.step,
-            learner.model if snapshot.adapter_only else learner.hf_model(),
-            run.tokenizer,
-            snapshot.optimizer,
-            state,
-            model_state=snapshot.model,
-            max_shard_size=budget.checkpoint_max_shard_size,
-            keep=budget.checkpoint_keep,
-        )
+        args = (run.step, run.learner, run.tokenizer, snapshot, run.producer, run.errors, self.config.budget)
+        return await asyncio.to_thread(save_run, self.out_dir, *args)
 
     # -- finish -------------------------------------------------------------------------------------------------
     async def _finish(self, run: _Run, producing: asyncio.Task[None]) -> None:
@@ -470,7 +374,7 @@ class Trainer:
                 run.saved = await self._save(run)
             except CheckpointError as exc:  # reported after the rest is closed; the previous checkpoint is intact
                 run.save_error = exc
-        run.recorder.close(run.step)
+        run.producer.close_record(run.step)
         if run.step > run.first_step:  # no step, no curve (and no file named that was never written)
             with contextlib.suppress(OSError):  # a full disk was reported by the write that met it
                 run.metrics.plot_rewards()

@@ -1,7 +1,7 @@
-"""`EngineAgent`: an agent over an `InferenceEngine` (embedded `LocalEngine` or an SGLang server).
+"""`EngineAgent`: an agent over an `InferenceEngine` (the embedded engine, vLLM or an SGLang server).
 
 It formats the conversation with the rollout's own incremental chat-template code
-(`envhub.trainer.rollout.worker.ChatTokens`), so a model is evaluated on exactly the token layout it is trained
+(`envhub.chat_tokens.ChatTokens`), so a model is evaluated on exactly the token layout it is trained
 on. Context window: when the conversation plus `max_new_tokens` would pass `max_total_tokens`, the
 oldest turns after the first observation are dropped and the first observation gets the marker
 "[N earlier turns were removed to fit the context window]"; the prompt is then re-tokenized once.

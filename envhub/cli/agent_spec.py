@@ -99,12 +99,12 @@ def make_agent_factory(
 def engine_factory(
     spec: str, model: str, *, max_tokens: int, temperature: float, max_total_tokens: int, device: str | None = None
 ) -> AgentFactory:
-    """Agents over one embedded `LocalEngine` (batched across concurrent episodes) serving `model`."""
+    """Agents over one embedded `EmbeddedEngine` (batched across concurrent episodes) serving `model`."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
-    engine = LocalEngine.from_pretrained(model, device=device)
+    engine = EmbeddedEngine.from_pretrained(model, device=device)
     sampling = SamplingParams(max_new_tokens=max_tokens, temperature=temperature)
 
     def make() -> Agent:

@@ -34,11 +34,22 @@ def apply_imports(args: Any) -> list[str]:
     targets = list(dict.fromkeys(getattr(args, "imports", None) or []))
     for target in targets:
         before = {s.id: s for s in list_envs()}
+        kinds = _engine_kinds()
         load_user_module(target, option="--import")
-        if all(before.get(s.id) is s for s in list_envs()):  # re-registering an id counts: it is a new spec
+        # re-registering an id counts: it is a new spec
+        if all(before.get(s.id) is s for s in list_envs()) and _engine_kinds() == kinds:
             print(
                 f"envhub: warning: --import {target} registered no env (no envhub.register() call when imported, "
-                "no register_envs() function)",
+                "no register_envs() function) and no engine kind",
                 file=sys.stderr,
             )
     return [resolve_target(t) for t in targets]
+
+
+def _engine_kinds() -> list[str]:
+    """The engine kinds known so far (a module may register one instead of envs); none without the trainer."""
+    try:
+        from envhub.trainer.engines.kinds import engine_kinds
+    except ImportError:
+        return []
+    return engine_kinds()

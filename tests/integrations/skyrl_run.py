@@ -2,7 +2,7 @@
 the `skyrl` package (0.3.0, installed without its GPU dependencies) on it.
 
 SkyRL's `PromptDataset` reads the parquet of `write_dataset` and `SkyRLGymGenerator.agent_loop` plays each row as in
-training (token bookkeeping, loss mask, per-turn rewards); the inference client is envhub's LocalEngine on the tiny
+training (token bookkeeping, loss mask, per-turn rewards); the inference client is envhub's EmbeddedEngine on the tiny
 random Llama, or a FrozenLake solver reading the prompt. Prints one JSON summary.
 
 usage: python skyrl_run.py WORKDIR
@@ -30,14 +30,14 @@ from skyrl.train.generators.skyrl_gym_generator import SkyRLGymGenerator  # noqa
 
 from envhub.inference import SamplingParams  # noqa: E402
 from envhub.integrations.skyrl import register, train_overrides, write_dataset  # noqa: E402
-from envhub.trainer.engines.embedded.engine import LocalEngine  # noqa: E402
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine  # noqa: E402
 from envhub.trainer.models import load_tokenizer, tiny_llama  # noqa: E402
 
 
 class EngineClient:
-    """SkyRL's inference-client calls, answered by envhub's LocalEngine (real sampling and logprobs)."""
+    """SkyRL's inference-client calls, answered by envhub's EmbeddedEngine (real sampling and logprobs)."""
 
-    def __init__(self, engine: LocalEngine, tokenizer) -> None:
+    def __init__(self, engine: EmbeddedEngine, tokenizer) -> None:
         self.engine, self.tokenizer, self.finished = engine, tokenizer, []
 
     async def generate(self, engine_input, model=None):
@@ -120,7 +120,7 @@ def main(workdir: Path) -> None:
     registered = register(["FrozenLake-v0", "Letters-v0"], env_kwargs={"FrozenLake-v0": {"size": 3}})
     parquet = write_dataset(workdir / "train.parquet", ["FrozenLake-v0", "Letters-v0"], seeds=[2, 9])
     dataset = PromptDataset(str(parquet), tokenizer, max_prompt_length=512, num_workers=1)
-    engine_client = EngineClient(LocalEngine(tiny_llama(tokenizer).eval(), tokenizer), tokenizer)
+    engine_client = EngineClient(EmbeddedEngine(tiny_llama(tokenizer).eval(), tokenizer), tokenizer)
     solver_client = SolverClient(tokenizer)
     result = {
         "registered": registered,

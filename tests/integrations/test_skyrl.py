@@ -111,7 +111,7 @@ def test_skyrls_generator_plays_envhub_envs(tmp_path):
         "env_class": "envhub",
     }
     assert result["sessions_finished"] == [4, 4]  # SkyRL releases each trajectory's session
-    engine = result["engine"]  # the tiny random Llama via envhub's LocalEngine
+    engine = result["engine"]  # the tiny random Llama via envhub's EmbeddedEngine
     assert [(r["env_class"], r["seed"]) for r in engine] == [
         ("envhub/FrozenLake-v0", 2),
         ("envhub/FrozenLake-v0", 9),

@@ -89,7 +89,7 @@ def test_verls_worker_pads_the_envs_episodes_and_takes_their_reward(verl_run):
     assert solver["model_text"].count("<tool_call>") == solver["num_turns"][0] // 2 >= 2
     assert set(solver["logprobs_on_model_tokens"]) == {-0.25}  # the server's logprobs, where the model wrote
     assert "<tools>" in solver["prompt_text"] and '"name": "move"' in solver["prompt_text"]
-    engine = verl_run["engine"]  # the tiny random Llama through envhub's LocalEngine: real samples, real logprobs
+    engine = verl_run["engine"]  # the tiny random Llama through envhub's EmbeddedEngine: real samples, real logprobs
     assert all(c["max_new_tokens"] <= 48 for c in engine["calls"]) and len(engine["calls"]) >= 8
     assert all(lp < 0 for lp in engine["logprobs_on_model_tokens"])
     assert all(0 < n < 512 for n in engine["model_tokens"]) and set(engine["finish_reasons"]) <= {

@@ -2,7 +2,7 @@
 
 verl's `RLHFDataset` reads the parquet of `write_dataset`, its `AgentLoopWorker` reads the YAML of
 `write_agent_loop_config`, instantiates the loop per sample and pads the batch, exactly as in training; only the
-inference server is envhub's (verl's servers are vLLM/SGLang on a GPU): the LocalEngine on the tiny random Llama, or
+inference server is envhub's (verl's servers are vLLM/SGLang on a GPU): the EmbeddedEngine on the tiny random Llama, or
 a FrozenLake solver that reads the prompt. Prints one JSON summary per server.
 
 usage: python verl_run.py WORKDIR
@@ -31,16 +31,16 @@ from envhub.errors import EnvhubError
 from envhub.inference import SamplingParams
 from envhub.integrations.trl import use_tool_template
 from envhub.integrations.verl import main_ppo_overrides, write_agent_loop_config, write_dataset
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_tokenizer, tiny_llama
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 512
 
 
 class EngineServer:
-    """verl's server-manager call, answered by envhub's LocalEngine (real sampling and logprobs)."""
+    """verl's server-manager call, answered by envhub's EmbeddedEngine (real sampling and logprobs)."""
 
-    def __init__(self, engine: LocalEngine) -> None:
+    def __init__(self, engine: EmbeddedEngine) -> None:
         self.engine = engine
         self.calls: list[dict] = []
 
@@ -159,7 +159,7 @@ def main(workdir: Path) -> None:
     parquet = write_dataset(workdir / "train.parquet", "FrozenLake-v0", seeds=[3, 8])
     results = {}
     for name, server in (
-        ("engine", EngineServer(LocalEngine(tiny_llama(tokenizer).eval(), tokenizer))),
+        ("engine", EngineServer(EmbeddedEngine(tiny_llama(tokenizer).eval(), tokenizer))),
         ("solver", SolverServer(tokenizer)),
     ):
         worker = worker_class(server)(cfg)

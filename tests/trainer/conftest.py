@@ -54,4 +54,4 @@ def tiny_model(tokenizer):
 
 @pytest.fixture
 def engine_cls():
-    return pytest.importorskip("envhub.trainer.engines.embedded.engine").LocalEngine
+    return pytest.importorskip("envhub.trainer.engines.embedded.engine").EmbeddedEngine

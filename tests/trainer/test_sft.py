@@ -142,8 +142,8 @@ async def test_sft_of_the_top_layers_leaves_the_rest_and_unfreezes_for_rl(tokeni
 async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer, tiny_model, monkeypatch):
     """Held-out episodes are played by the policy as the rollouts' engine serves it; the fp32 masters stay."""
     from envhub.trainer.engines.embedded import engine as local
+    from envhub.trainer.engines.embedded.kind import embedded_dtype
     from envhub.trainer.evaluation import evaluate_policy
-    from envhub.trainer.serving import local_engine_dtype
 
     config = config_from_dict(
         {
@@ -153,17 +153,17 @@ async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer,
             "evaluation": {"episodes": 2},
         }
     )
-    assert local_engine_dtype(config) == torch.bfloat16
+    assert embedded_dtype(config) == torch.bfloat16
     fp32_engine = config_from_dict({**config_to_dict(config), "engine": {"kind": "local", "dtype": "float32"}})
-    assert local_engine_dtype(fp32_engine) == "float32"
+    assert embedded_dtype(fp32_engine) == "float32"
     served = []
-    original = local.LocalEngine.__init__
+    original = local.EmbeddedEngine.__init__
 
     def spy(self, model, *args, **kwargs):
         original(self, model, *args, **kwargs)
         served.append((self.model, next(self.model.parameters()).dtype))
 
-    monkeypatch.setattr(local.LocalEngine, "__init__", spy)
+    monkeypatch.setattr(local.EmbeddedEngine, "__init__", spy)
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
     rewards = await evaluate_policy(tiny_model, tokenizer, config)
     assert len(rewards["Letters-v0"]) == 2

@@ -56,20 +56,20 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     seen = {}
 
     async def spy_run():
-        from envhub.trainer import train as train_module
+        from envhub.trainer.run import resume as resume_module
 
-        original = train_module.load_checkpoint
+        original = resume_module.load_checkpoint
 
         def capture(checkpoint, model, optimizer):
             original(checkpoint, model, optimizer)
             seen["params"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
             seen["optimizer"] = copy.deepcopy(optimizer.state_dict())
 
-        train_module.load_checkpoint = capture
+        resume_module.load_checkpoint = capture
         try:
             return await resumed_trainer.run(resume=True)
         finally:
-            train_module.load_checkpoint = original
+            resume_module.load_checkpoint = original
 
     second = await spy_run()
     assert (second.first_step, second.last_step) == (2, 3)
@@ -161,7 +161,7 @@ async def test_a_fractional_staleness_bound_trains_on_batches_part_one_version_o
 
 
 def test_off_policy_warning_names_the_clipped_stale_steps_and_the_fix():
-    from envhub.trainer.train import off_policy_warning
+    from envhub.trainer.run.metrics import off_policy_warning
 
     clipped = {
         "staleness": 1.0,

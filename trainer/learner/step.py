@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +23,13 @@ from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
 from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
-from envhub.trainer.learner.precision import Precision, cast_state, check_fp32_masters, resolve_precision
+from envhub.trainer.learner.precision import (
+    Precision,
+    cast_state,
+    check_fp32_masters,
+    export_weights,
+    resolve_precision,
+)
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
@@ -283,6 +290,10 @@ class Learner:
         else:  # named_parameters lists tied weights once (state_dict would repeat lm_head under its own name)
             state = {name: p for name, p in self.model.named_parameters()}
         return cast_state(state, dtype)
+
+    def export_engine_weights(self, path: Path, state: dict[str, torch.Tensor]) -> None:
+        """Save `state` (from `engine_state`) as a Hugging Face directory in the engine dtype, for a server to load."""
+        export_weights(self.hf_model(), path, self.precision.engine_dtype, state)
 
     def hf_model(self) -> Any:
         """The Hugging Face model (config, save_pretrained) under LoRA / FSDP wrappers."""

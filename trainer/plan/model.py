@@ -188,7 +188,10 @@ def _end(episode: Episode) -> float:
 def default_shared(record: RunRecord) -> Shared:
     """A run with the embedded engine and envs in its own process shares one machine; else only engine+learner
     devices may be shared, which the record cannot tell: assume none."""
-    local_engine = record.setting("engine", "kind", "local") == "local"
+    from envhub.trainer.engines.kinds import engine_kind, is_engine_kind
+
+    kind = record.setting("engine", "kind", "embedded")  # a kind the record names but this process lacks: a server
+    local_engine = is_engine_kind(kind) and engine_kind(kind).in_process
     remote = any(t.get("remote") for t in record.config.get("tasks", []))
     return "all" if local_engine and not remote else "none"
 

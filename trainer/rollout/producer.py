@@ -1,17 +1,25 @@
 """The producer side of training: episode groups kept in flight within the queue's admission, each played by the
-rollout source and offered to the queue when it ends."""
+rollout source and offered to the queue when it ends.
+
+The producer is the one place that feeds the run record: every episode that ends (kept or not, from this process
+or a Ray worker) with the error counts beside it, and every group's outcome: filtered or failed here, dropped as
+too stale by the queue, trained by the learner (`trained`)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import traceback
 from collections import defaultdict, deque
+from typing import Any
 
 from envhub.trainer.config import TaskConfig
 from envhub.trainer.rollout.queue import TrajectoryQueue
 from envhub.trainer.rollout.sources import RolloutSource
 from envhub.trainer.rollout.tasks import TaskSampler
+from envhub.trainer.run.errors import TaskErrors
 from envhub.trainer.run.record import EpisodeRecorder
+from envhub.trainer.trajectory import Group, Trajectory
 
 
 class RecentRewards:
@@ -40,10 +48,14 @@ class GroupProducer:
         queue: TrajectoryQueue,
         sampler: TaskSampler,
         recorder: EpisodeRecorder,
+        errors: TaskErrors,
         concurrency: int,
         reward_window: int,
     ) -> None:
         self.source, self.queue, self.sampler, self.recorder = source, queue, sampler, recorder
+        self.errors = errors
+        source.on_episode = self._episode_ended
+        queue.on_dropped = self._dropped
         self.concurrency = concurrency
         self.rewards = RecentRewards(reward_window)
         self.in_flight: set[asyncio.Task[None]] = set()
@@ -73,6 +85,39 @@ class GroupProducer:
         outcome = await self.queue.put(group)
         if outcome != "accepted":
             self.recorder.group(group_id, task.env, outcome, self.queue.version)
+
+    def _episode_ended(self, trajectory: Trajectory) -> None:
+        self.recorder.episode(trajectory, self.queue.version)
+        self.errors.observe(trajectory)
+
+    def _dropped(self, group: Group) -> None:
+        self.recorder.group(group[0].group_id, group[0].task, "dropped_stale", self.queue.version)
+
+    def trained(self, groups: list[Group], step: int) -> None:
+        """The learner took step `step` on `groups`: new groups are labelled with it, and the record says so."""
+        self.step = step
+        for group in groups:
+            self.recorder.group(group[0].group_id, group[0].task, "trained", step)
+
+    def close_record(self, step: int) -> None:
+        """The run ends at `step`: groups still open are recorded as unfinished."""
+        self.recorder.close(step)
+
+    def progress(self, engine: Any) -> dict[str, Any]:
+        """What is happening within the current learner step (for progress bars)."""
+        worker = getattr(self.source, "worker", None)
+        engine_tokens = getattr(getattr(engine, "stats", None), "tokens", None)
+        elapsed = max(time.monotonic() - self.recorder.started, 1e-9)
+        counters = self.queue.counters
+        return {
+            "episodes_running": getattr(worker, "episodes_running", None),
+            "episodes_done": self.recorder.episodes_done,
+            "groups_running": len(self.in_flight),
+            "groups_accepted": counters.accepted,
+            "groups_filtered": counters.filtered_zero_variance,
+            "groups_dropped": counters.dropped_stale,
+            "tokens_per_s": engine_tokens / elapsed if engine_tokens is not None else self.recorder.tokens_per_s(),
+        }
 
     async def cancel_in_flight(self) -> None:
         """Cancel the groups still playing and wait until they are gone."""

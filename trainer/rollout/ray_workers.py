@@ -4,9 +4,9 @@ The driver (the learner's process) keeps the queue and the train loop. `RayRollo
 sends each episode of a group to the least-loaded `EnvWorker`; an actor runs many episodes at once as
 asyncio tasks, each with its own env, and returns finished `Trajectory` objects. When an actor dies
 (`RayActorError`), the driver starts a new one in its slot and resubmits the episodes that were running
-there; trajectories already returned are kept. Engines: with `engine.kind: local` the driver serves its
-LocalEngine over the SGLang-compatible HTTP API; with `engine.kind: sglang` the workers call
-`engine.url` (several comma-separated URLs are routed least-loaded by each worker).
+there; trajectories already returned are kept. What the workers generate through is the engine kind's
+`worker_endpoint`: the driver serves an in-process engine (the embedded one) over the SGLang-compatible HTTP API;
+SGLang's workers call its router or servers (several comma-separated URLs are routed least-loaded by each worker).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import envhub
 from envhub.errors import EngineError
 from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
-from envhub.trainer.engines.routing import http_engines
+from envhub.trainer.engines import engine_kind, http_engines
 from envhub.trainer.rollout.sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
 from envhub.user_modules import load_user_modules
@@ -69,7 +69,7 @@ class EnvWorker:
         max_outage_s: float = 300.0,
         imports: tuple[str, ...] = (),
     ) -> None:
-        from envhub.trainer.engines.watch import WatchedEngine
+        from envhub.trainer.engines import WatchedEngine
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout.tasks import env_factory
         from envhub.trainer.rollout.worker import RolloutWorker
@@ -140,26 +140,22 @@ class RayRolloutSource:
 
         if options.workers < 1 or options.episodes_per_worker < 1:
             raise EngineError("ray workers and episodes_per_worker must be at least 1")
-        if config.engine.kind == "vllm":  # the workers speak SGLang's API; vLLM's token route is another
-            raise EngineError(
-                "Ray rollouts with engine.kind vllm are not supported",
-                hint="play episodes in the trainer's process (no --ray), or use engine.kind local or sglang with Ray",
-            )
+        kind = engine_kind(config.engine.kind)
         owns_ray = not ray.is_initialized()
         if owns_ray:
             await asyncio.to_thread(init_ray, options)
-        server = None
-        if config.engine.kind == "sglang":
-            urls = await engine.generation_url()  # the router, or the servers (launched ones start here)
-        else:
-            from envhub.trainer.engines.server.app import start_engine_server
-
-            local = options.address == "local"
-            host = options.engine_host or ("127.0.0.1" if local else ray.util.get_node_ip_address())
-            # reachable from other hosts only with a fresh API key, which the actors are given
-            api_key = None if local else secrets.token_urlsafe(24)
-            server = await start_engine_server(engine, host="127.0.0.1" if local else "0.0.0.0", api_key=api_key)
-            urls = f"http://{host}:{server.url.rsplit(':', 1)[1]}"
+        local = options.address == "local"
+        try:  # an in-process engine is served over HTTP, reachable from other hosts only with a fresh API key
+            urls, server = await kind.worker_endpoint(
+                engine,
+                host=options.engine_host or ("127.0.0.1" if local else ray.util.get_node_ip_address()),
+                bind="127.0.0.1" if local else "0.0.0.0",
+                api_key=None if local else secrets.token_urlsafe(24),
+            )
+        except BaseException:
+            if owns_ray:
+                ray.shutdown()
+            raise
         source = cls(options, config, urls, server, owns_ray)
         await source.ready()
         return source

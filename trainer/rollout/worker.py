@@ -20,7 +20,7 @@ from envhub.chat_tokens import ChatTokens, chat_stop_ids
 from envhub.inference import InferenceEngine, SamplingParams
 from envhub.registry import as_async
 from envhub.trainer.config import RolloutConfig
-from envhub.trainer.engines.routing import episode_key
+from envhub.trainer.engines import episode_key
 from envhub.trainer.trajectory import Trajectory
 
 EnvFactory = Callable[[], Any]

@@ -94,3 +94,40 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
+
+
+def learner_stat(row: dict[str, Any], name: str, default: float) -> float:
+    """A learner statistic of a history row: nested (`row["learner"][name]`, as the trainer logs it) or flat."""
+    nested = row.get("learner")
+    if isinstance(nested, dict) and name in nested:
+        return nested[name]
+    return row.get(f"learner/{name}", default)
+
+
+def off_policy_warning(history: list[dict[str, Any]], mode: str, window: int = 3, max_clip: float = 0.5) -> str | None:
+    """A warning when async steps keep training on stale samples most of whose tokens fall outside the PPO clip.
+
+    With `max_staleness` >= 1 a batch comes from the policy one step (or more) back; when one step moves the
+    policy far (a high lr), the ratio to that behaviour policy leaves the clip range for most tokens, their
+    gradient is zero, and the run learns far less than the same config in sync mode. The share is the one `ppo`
+    logs for its own ratio (`ppo_clip_{low,high}_fraction`), so the warning follows the variant's actual anchor:
+    no other variant logs it, and under `is_correction` with `apply_weight` ppo's ratio is taken against the
+    proximal policy, whose clip the staleness does not reach.
+    """
+    recent = history[-window:]
+    if mode != "async" or len(recent) < window:
+        return None
+
+    def outside(row: dict[str, Any]) -> float:
+        return learner_stat(row, "ppo_clip_low_fraction", 0.0) + learner_stat(row, "ppo_clip_high_fraction", 0.0)
+
+    if all(r.get("staleness", 0) > 0.5 and outside(r) > max_clip for r in recent):
+        clip = sum(outside(r) for r in recent) / window
+        kl = learner_stat(recent[-1], "kl_behavior", float("nan"))
+        return (
+            f"warning: the last {window} async steps trained on samples from an older policy and {clip:.0%} of their "
+            f"tokens fell outside the PPO clip (KL(behaviour || learner) {kl:.3g}), where ppo's gradient is cut or "
+            "scaled down: each step moves the policy too far for off-policy samples to teach. Set "
+            "algorithm.pg_variant: vanilla (no ratio to clip), lower algorithm.lr, or set algorithm.mode: sync."
+        )
+    return None

@@ -17,9 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from envhub.trainer.engines.watch import EngineDown
-from envhub.trainer.learner.checkpoint import latest_checkpoint
-from envhub.trainer.rollout.producer import GroupProducer
+from envhub.trainer.engines import EngineDown
+from envhub.trainer.learner.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from envhub.trainer.run.errors import TaskErrors
 from envhub.trainer.run.record import EpisodeRecorder, RecordError
 
@@ -53,7 +52,7 @@ def resume_advice(out_dir: Path) -> str:
     return f"resume from checkpoint {saved.path} (step {saved.step}) with --resume"
 
 
-def record_state(out_dir: Path, recorder: EpisodeRecorder, errors: TaskErrors, producer: GroupProducer) -> dict:
+def record_state(out_dir: Path, recorder: EpisodeRecorder, errors: TaskErrors, producer: Any) -> dict:
     """The run record's position and counters now (taken with the queue and sampler state, on the event loop)."""
     return {
         "metrics_bytes": _size(out_dir / METRICS_FILE),
@@ -77,7 +76,7 @@ def rewind_record(out_dir: Path, state: dict[str, Any] | None) -> None:
 
 
 def restore_record(
-    state: dict[str, Any], recorder: EpisodeRecorder, errors: TaskErrors, producer: GroupProducer, step: int
+    state: dict[str, Any], recorder: EpisodeRecorder, errors: TaskErrors, producer: Any, step: int
 ) -> None:
     """Continue the counters of `state`; groups undecided at the checkpoint are recorded as unfinished."""
     recorder.load_state(state.get("recorder", {}))
@@ -108,3 +107,49 @@ def _size(path: Path) -> int:
 def _truncate(path: Path, size: int) -> None:
     if path.exists() and path.stat().st_size > size:
         os.truncate(path, size)
+
+
+def restore_checkpoint(checkpoint: Checkpoint, learner: Any, queue: Any, sampler: Any) -> int:
+    """Load `checkpoint` into learner, queue and sampler; returns its step."""
+    if learner.sharded:  # FSDP: rank 0 reads the full checkpoint, every process keeps its shards
+        learner.load_sharded_checkpoint(checkpoint.path)
+    else:
+        load_checkpoint(checkpoint, learner.model, learner.optimizer)
+    learner.load_extra_state(checkpoint.state.get("learner", {}))
+    learner.broadcast_state()  # other learner processes take rank 0's loaded state
+    queue.load_state(checkpoint.state["queue"])
+    sampler.load_state(checkpoint.state["sampler"])
+    return checkpoint.step
+
+
+def save_run(
+    out_dir: Path,
+    step: int,
+    learner: Any,
+    tokenizer: Any,
+    snapshot: Any,
+    producer: Any,
+    errors: TaskErrors,
+    budget: Any,
+) -> Path:
+    """Write the checkpoint of `step`: the learner's `snapshot`, the queue, the sampler and where the run record
+    stands (where --resume rewinds to). Blocking: run it off the event loop."""
+    queue, sampler = producer.queue, producer.sampler
+    state = {
+        "queue": queue.state(),
+        "sampler": sampler.state(),
+        "version": queue.version,
+        "learner": snapshot.extra,
+        "record": record_state(out_dir, producer.recorder, errors, producer),
+    }
+    return save_checkpoint(
+        out_dir,
+        step,
+        learner.model if snapshot.adapter_only else learner.hf_model(),
+        tokenizer,
+        snapshot.optimizer,
+        state,
+        model_state=snapshot.model,
+        max_shard_size=budget.checkpoint_max_shard_size,
+        keep=budget.checkpoint_keep,
+    )

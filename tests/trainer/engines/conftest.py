@@ -24,9 +24,9 @@ def tiny_model(tokenizer):
 
 @pytest.fixture
 async def engine(tiny_model, tokenizer):
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
-    eng = LocalEngine(tiny_model, tokenizer)
+    eng = EmbeddedEngine(tiny_model, tokenizer)
     yield eng
     await eng.close()
 

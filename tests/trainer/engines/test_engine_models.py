@@ -6,7 +6,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model, pick_device, pick_dtype, resolve_model_path, smollm2_gguf
 
 torch = pytest.importorskip("torch")
@@ -45,7 +45,7 @@ def test_local_model_directory_round_trip(tmp_path, tiny_model, tokenizer):
 
 @pytest.mark.slow
 async def test_smollm2_answers_seven_plus_five():
-    engine = LocalEngine.from_pretrained("smollm2", device="cpu")
+    engine = EmbeddedEngine.from_pretrained("smollm2", device="cpu")
     try:
         result = await engine.generate(
             chat_ids(engine.tokenizer, "What is 7+5?"), SamplingParams(max_new_tokens=40, temperature=0)
@@ -62,7 +62,7 @@ async def test_cuda_engine_bf16_logprobs_match_recomputation(tokenizer):
     from envhub.trainer.models import tiny_llama
 
     model = tiny_llama(tokenizer, seed=0).to("cuda", torch.bfloat16)
-    engine = LocalEngine(model, tokenizer)
+    engine = EmbeddedEngine(model, tokenizer)
     try:
         prompt = tokenizer.encode("Hello there")
         result = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))
@@ -83,7 +83,7 @@ async def test_cuda_engine_bf16_logprobs_match_recomputation(tokenizer):
 @pytest.mark.slow
 @cuda
 async def test_smollm2_on_cuda_answers_seven_plus_five():
-    engine = LocalEngine.from_pretrained("smollm2")
+    engine = EmbeddedEngine.from_pretrained("smollm2")
     try:
         assert engine.model.dtype == torch.bfloat16
         result = await engine.generate(

@@ -1,4 +1,4 @@
-"""`WatchedEngine` against a real engine server (a LocalEngine behind SGLang's HTTP API on 127.0.0.1) that goes
+"""`WatchedEngine` against a real engine server (a EmbeddedEngine behind SGLang's HTTP API on 127.0.0.1) that goes
 away: requests wait and are resubmitted, a restarted server gets the latest weights back, an outage past the
 bound is EngineDown naming the URL, a request's own error is raised as it is, and one that never reached the server is
 EngineUnreachable."""
@@ -12,7 +12,7 @@ from envhub.inference import SamplingParams
 from envhub.trainer.engines.watch import EngineDown, WatchedEngine
 
 pytest.importorskip("envhub.trainer.engines.embedded.engine")
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.server.app import start_engine_server
 from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.models import tiny_llama
@@ -21,7 +21,7 @@ SAMPLING = SamplingParams(max_new_tokens=4, temperature=0.0)
 
 
 async def _serve(tokenizer, port=0):
-    return await start_engine_server(LocalEngine(tiny_llama(tokenizer, seed=0), tokenizer), port=port)
+    return await start_engine_server(EmbeddedEngine(tiny_llama(tokenizer, seed=0), tokenizer), port=port)
 
 
 async def test_an_outage_is_waited_out_and_the_restarted_server_gets_the_latest_weights(tokenizer):

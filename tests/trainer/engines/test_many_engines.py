@@ -150,9 +150,9 @@ async def test_training_broadcasts_weights_to_every_server_over_one_group(fresh_
     assert [await e.get_weight_version() for e in probe.engines] == [2, 2]
     greedy = SamplingParams(max_new_tokens=12, temperature=0)
     outputs = [(await e.generate([1, 2, 3], greedy)).output_ids for e in probe.engines]
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
-    trained = LocalEngine.from_pretrained(str(result.checkpoint), device="cpu")
+    trained = EmbeddedEngine.from_pretrained(str(result.checkpoint), device="cpu")
     assert outputs == [(await trained.generate([1, 2, 3], greedy)).output_ids] * 2  # the trained weights, on both
     await trained.close()
     await probe.close()

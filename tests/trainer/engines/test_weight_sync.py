@@ -199,10 +199,10 @@ def test_buckets_keep_every_tensor_and_flatten_aligned():
 
 
 async def test_turns_of_one_episode_stick_to_one_engine(tiny_model, tokenizer):
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.engines.routing import MultiEngine, episode_key
 
-    multi = MultiEngine([LocalEngine(tiny_model, tokenizer), LocalEngine(tiny_model, tokenizer)])
+    multi = MultiEngine([EmbeddedEngine(tiny_model, tokenizer), EmbeddedEngine(tiny_model, tokenizer)])
 
     async def episode(name: str) -> list[int]:
         episode_key.set(name)

@@ -76,13 +76,14 @@ def test_keep_prunes_old_checkpoints_and_rng_round_trips(tiny_model, tmp_path):
 
 
 async def test_trainer_saves_off_the_event_loop(tmp_path, monkeypatch):
-    from envhub.trainer import train as train_module
     from envhub.trainer.config import config_from_dict
+    from envhub.trainer.run import resume as resume_module
+    from envhub.trainer.train import Trainer
 
     threads = []
-    original = train_module.save_checkpoint
+    original = resume_module.save_checkpoint
     monkeypatch.setattr(
-        train_module,
+        resume_module,
         "save_checkpoint",
         lambda *a, **k: (threads.append(threading.current_thread()), original(*a, **k))[1],
     )
@@ -96,7 +97,7 @@ async def test_trainer_saves_off_the_event_loop(tmp_path, monkeypatch):
             "out_dir": str(tmp_path),
         }
     )
-    result = await train_module.Trainer(config).run()
+    result = await Trainer(config).run()
     assert result.last_step == 3 and len(threads) == 3
     assert all(t is not threading.main_thread() for t in threads)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000003"]

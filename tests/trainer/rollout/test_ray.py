@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ async def test_ray_run_matches_in_process_trajectories_and_checkpoint(local_ray,
 
     ckpt = latest_checkpoint(tmp_path / "ray")
     assert ckpt.step == 2 and AutoModelForCausalLM.from_pretrained(ckpt.path).num_parameters() > 0
-    assert trainer.rollouts.engine_urls.startswith("http://127.0.0.1:")  # the driver served its LocalEngine
+    assert trainer.rollouts.engine_urls.startswith("http://127.0.0.1:")  # the driver served its EmbeddedEngine
 
 
 async def test_killing_an_env_worker_mid_run_loses_no_finished_trajectory(local_ray, tmp_path):
@@ -164,3 +165,18 @@ async def test_env_workers_import_the_configs_imports(local_ray, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").read_text().splitlines()]
     pids = {r["env_info"]["pid"] for r in records if r["kind"] == "episode"}
     assert pids and os.getpid() not in pids  # played in the worker process, not here
+
+
+async def test_a_ray_run_reaches_a_kind_defined_outside_envhub(local_ray, tmp_path):
+    # tests/trainer/engines/counting_kind.py registers `engine.kind: counting`; nothing in envhub names it
+    from envhub.user_modules import load_user_module
+
+    counting = str(Path(__file__).parents[1] / "engines" / "counting_kind.py")
+    module = load_user_module(counting)
+    before = module.CountingEngine.generated
+    cfg = config(tmp_path / "run", steps=1)
+    cfg.engine.kind, cfg.imports = "counting", [counting]
+    trainer = Trainer(cfg, ray=RayOptions(workers=1))
+    result = await asyncio.wait_for(trainer.run(), 180)
+    assert result.last_step == 1 and trainer.rollouts.episodes_finished >= 8
+    assert module.CountingEngine.generated - before >= 8  # every episode's turn, served from here to the worker

@@ -12,7 +12,7 @@ from envhub.trainer.rollout.worker import RolloutWorker
 
 
 def recording(engine_cls, model, tokenizer):
-    """A LocalEngine that keeps what each generate call returned."""
+    """A EmbeddedEngine that keeps what each generate call returned."""
 
     class Recording(engine_cls):
         def __init__(self, *args, **kwargs):

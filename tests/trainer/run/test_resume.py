@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,7 +32,9 @@ def _lines(path: Path) -> list[str]:
 def test_rewind_cuts_every_file_back_to_the_checkpoint_even_across_rotated_shards(tmp_path):
     recorder = EpisodeRecorder(tmp_path, max_bytes=2500)
     errors = TaskErrors(3, tmp_path / "episode_errors.jsonl")
-    producer = GroupProducer(None, None, None, recorder, concurrency=1, reward_window=4)
+    producer = GroupProducer(
+        SimpleNamespace(), SimpleNamespace(), None, recorder, errors, concurrency=1, reward_window=4
+    )
     for i in range(5):
         recorder.episode(_trajectory(f"0-{i}"), step=0)
         recorder.group(f"0-{i}", "Math-v0", "trained", 1)
@@ -53,7 +56,9 @@ def test_rewind_cuts_every_file_back_to_the_checkpoint_even_across_rotated_shard
     rewind_record(tmp_path, state)  # a resume killed while rewinding rewinds to the same place
     assert {p.name: p.read_bytes() for p in tmp_path.glob("*.jsonl")} == kept
     resumed, errors = EpisodeRecorder(tmp_path, max_bytes=2500), TaskErrors(3, tmp_path / "episode_errors.jsonl")
-    producer = GroupProducer(None, None, None, resumed, concurrency=1, reward_window=4)
+    producer = GroupProducer(
+        SimpleNamespace(), SimpleNamespace(), None, resumed, errors, concurrency=1, reward_window=4
+    )
     restore_record(state, resumed, errors, producer, step=1)
     resumed.close(step=1)
     assert producer.started == 10 and errors.total == {"Math-v0": 1} and resumed.episodes_done == 6

@@ -1,4 +1,4 @@
-"""LocalEngine: a transformers model served in-process with continuous batching, logprobs and in-place weight updates.
+"""EmbeddedEngine: a transformers model served in-process, continuous batching, logprobs, in-place weight updates.
 
 An asyncio loop admits waiting requests between steps and runs each step (a prefill chunk of the newcomers, or
 one decode step of every running row) on the engine's own compute thread, which does all of its torch work
@@ -30,13 +30,13 @@ from envhub.trainer.engines.embedded.sampler import sample_next
 from envhub.trainer.engines.embedded.scheduler import IDLE_PREFILL_TOKENS, EngineStats, Request, Scheduler
 from envhub.trainer.engines.weights import load_state
 
-__all__ = ["EngineStats", "LocalEngine", "PauseMode"]
+__all__ = ["EngineStats", "EmbeddedEngine", "PauseMode"]
 
 PauseMode = Literal["abort", "retract", "in_place"]
 _ids = itertools.count()
 
 
-class LocalEngine(InferenceEngine):
+class EmbeddedEngine(InferenceEngine):
     """Serves a Llama-family transformers model on CPU or GPU; greedy output equals `model.generate`'s.
 
     `dtype` casts the model in place ("auto": bf16 where the device has bf16 units, else fp32; None keeps its
@@ -105,7 +105,7 @@ class LocalEngine(InferenceEngine):
     @classmethod
     def from_pretrained(
         cls, model: str = "smollm2", device: str | None = None, dtype: Any = "auto", **kwargs: Any
-    ) -> LocalEngine:
+    ) -> EmbeddedEngine:
         """An engine over "smollm2", "tiny" or a local HF directory, on CUDA when present, else CPU."""
         from envhub.trainer.models import load_model, pick_device
 

@@ -63,7 +63,7 @@ class ModelRunner:
         reason = unsupported_reason(model)
         if reason:
             raise EngineError(
-                f"LocalEngine cannot serve this model: {reason}",
+                f"EmbeddedEngine cannot serve this model: {reason}",
                 hint="serve it with SGLang or vLLM (engine.kind) instead",
             )
         self.model = model

@@ -1,4 +1,4 @@
-"""`envhub serve-engine`: a LocalEngine behind SGLang's native HTTP API, with SGLang's semantics.
+"""`envhub serve-engine`: a EmbeddedEngine behind SGLang's native HTTP API, with SGLang's semantics.
 
 Native routes: POST|PUT /generate (SSE with `stream: true`), POST /update_weights_from_disk,
 /begin_weight_update, /end_weight_update, /update_weights_from_tensor, /init_weights_update_group,
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.protocol import GenerateCall, generate_response, parse_generate
 from envhub.trainer.engines.server.security import (
     BODY_TIMEOUT_S,
@@ -258,7 +258,7 @@ async def model_info(request: web.Request) -> web.Response:
 
 
 def create_app(
-    engine: LocalEngine,
+    engine: EmbeddedEngine,
     model_path: str = "",
     *,
     api_key: str | None = None,
@@ -329,7 +329,7 @@ class RunningServer:
 
 
 async def start_engine_server(
-    engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, model_path: str = "", **options: Any
+    engine: EmbeddedEngine, host: str = "127.0.0.1", port: int = 0, model_path: str = "", **options: Any
 ) -> RunningServer:
     """Serve `engine` in this event loop (port 0 picks a free port); options go to `create_app`."""
     from envhub.trainer.engines.server.security import check_bind
@@ -341,3 +341,10 @@ async def start_engine_server(
     await site.start()
     bound = runner.addresses[0][1] if runner.addresses else port
     return RunningServer(runner, f"http://{host}:{bound}", options.get("api_key"))
+
+
+async def serve_to_workers(engine: EmbeddedEngine, *, host: str, bind: str, api_key: str | None) -> tuple[str, Any]:
+    """Serve an in-process engine to rollout workers in other processes: listen on `bind` (a free port), return
+    the base URL they reach it at through `host`, and the running server (stopping it closes the engine)."""
+    server = await start_engine_server(engine, host=bind, api_key=api_key)
+    return f"http://{host}:{server.url.rsplit(':', 1)[1]}", server

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.protocol import GenerateCall, weight_spans
 from envhub.trainer.engines.server.gate import GenerationGate
 from envhub.trainer.engines.server.security import WeightsPolicy
@@ -23,7 +23,7 @@ from envhub.trainer.engines.server.security import WeightsPolicy
 class EngineServerState:
     """The served engine plus what SGLang's tokenizer manager keeps: pause/update gate, versions, rids."""
 
-    engine: LocalEngine
+    engine: EmbeddedEngine
     model_path: str
     weights: WeightsPolicy
     gate: GenerationGate = field(default_factory=GenerationGate)

@@ -1,4 +1,4 @@
-"""One compute thread per engine: every torch call of a LocalEngine runs on it, and the threads that only serve
+"""One compute thread per engine: every torch call of a EmbeddedEngine runs on it, and the threads that only serve
 the engine give their OpenMP workers back."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded import engine as local_module
+from envhub.trainer.engines.embedded import engine as engine_module
 from envhub.trainer.engines.embedded.compute_thread import ComputeThread, releasing_openmp
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.hardware import _gnu_openmp, release_openmp_workers
 
 torch = pytest.importorskip("torch")
@@ -112,12 +112,12 @@ async def test_every_torch_call_of_the_engine_runs_on_its_compute_thread(tiny_mo
 
         return call
 
-    engine = LocalEngine(tiny_model, tokenizer)
+    engine = EmbeddedEngine(tiny_model, tokenizer)
     runner, scheduler = engine.runner, engine.scheduler
     monkeypatch.setattr(runner, "prefill", watched("prefill", runner.prefill))
     monkeypatch.setattr(runner, "decode", watched("decode", runner.decode))
     monkeypatch.setattr(scheduler, "remove", watched("remove", scheduler.remove))
-    monkeypatch.setattr(local_module, "load_state", watched("load_state", local_module.load_state))
+    monkeypatch.setattr(engine_module, "load_state", watched("load_state", engine_module.load_state))
     try:
         prompt = tokenizer.encode("Hello there")
         await engine.generate(prompt, SamplingParams(max_new_tokens=6, temperature=0.0))

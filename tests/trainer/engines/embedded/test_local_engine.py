@@ -1,4 +1,4 @@
-"""LocalEngine: exact greedy decoding, logprobs, continuous batching, weight updates, pause and abort."""
+"""EmbeddedEngine: exact greedy decoding, logprobs, continuous batching, weight updates, pause and abort."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
 torch = pytest.importorskip("torch")
 
@@ -156,7 +156,7 @@ async def test_bad_requests_raise_clear_errors(engine):
 
 
 async def test_closed_engine_is_unhealthy(tiny_model, tokenizer):
-    eng = LocalEngine(tiny_model, tokenizer)
+    eng = EmbeddedEngine(tiny_model, tokenizer)
     await eng.close()
     assert not await eng.health()
     with pytest.raises(EngineError, match="closed"):
@@ -164,7 +164,7 @@ async def test_closed_engine_is_unhealthy(tiny_model, tokenizer):
 
 
 def test_an_idle_engine_moves_between_event_loops(tiny_model, tokenizer):
-    engine = LocalEngine(tiny_model, tokenizer)
+    engine = EmbeddedEngine(tiny_model, tokenizer)
     first = asyncio.run(engine.generate([1, 2, 3], GREEDY))
     second = asyncio.run(engine.generate([1, 2, 3], GREEDY))
     assert first.output_ids == second.output_ids
@@ -180,7 +180,7 @@ async def test_bf16_engine_is_greedy_exact_up_to_rounding_ties_and_logprobs_stay
     import copy
 
     fp32 = copy.deepcopy(tiny_model)
-    engine = LocalEngine(tiny_model, tokenizer, dtype="bfloat16")  # casts tiny_model in place
+    engine = EmbeddedEngine(tiny_model, tokenizer, dtype="bfloat16")  # casts tiny_model in place
     batch = prompts(tokenizer)
     try:
         assert next(tiny_model.parameters()).dtype == torch.bfloat16
@@ -212,7 +212,7 @@ async def test_bf16_engine_is_greedy_exact_up_to_rounding_ties_and_logprobs_stay
 
 async def test_requests_beyond_the_kv_budget_queue_and_one_that_never_fits_is_refused(tiny_model, tokenizer):
     # tiny model: 2 layers x 2 KV heads x 16 dims x 2 (K, V) x 4 bytes = 512 bytes a token; 64 KiB = 128 tokens
-    engine = LocalEngine(tiny_model, tokenizer, kv_cache_mb=64 / 1024)
+    engine = EmbeddedEngine(tiny_model, tokenizer, kv_cache_mb=64 / 1024)
     prompt = tokenizer.encode("Hello there")  # 2 tokens: each request reserves 2 + 30
     params = SamplingParams(max_new_tokens=30, temperature=0.0)
     try:

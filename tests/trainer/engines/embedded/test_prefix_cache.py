@@ -1,4 +1,4 @@
-"""Prefix reuse and chunked prefill in LocalEngine: same greedy tokens as without them, fewer tokens prefilled."""
+"""Prefix reuse and chunked prefill in EmbeddedEngine: same greedy tokens as without them, fewer tokens prefilled."""
 
 import asyncio
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.kv_cache import KVCache
 from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.embedded.prefix_cache import PrefixCache
@@ -35,8 +35,8 @@ async def three_turns(engine, tokenizer, episodes=3):
 
 
 async def test_multi_turn_with_prefix_reuse_gives_the_same_tokens_and_logprobs_and_prefills_less(tiny_model, tokenizer):
-    plain = LocalEngine(tiny_model, tokenizer, prefix_cache_mb=0, prefill_chunk=0)
-    cached = LocalEngine(tiny_model, tokenizer, prefix_cache_mb=64, prefill_chunk=0)
+    plain = EmbeddedEngine(tiny_model, tokenizer, prefix_cache_mb=0, prefill_chunk=0)
+    cached = EmbeddedEngine(tiny_model, tokenizer, prefix_cache_mb=64, prefill_chunk=0)
     try:
         without = await three_turns(plain, tokenizer)
         with_cache = await three_turns(cached, tokenizer)
@@ -53,7 +53,7 @@ async def test_multi_turn_with_prefix_reuse_gives_the_same_tokens_and_logprobs_a
 
 
 async def test_chunked_prefill_matches_and_interleaves_with_decoding(tiny_model, tokenizer, greedy_reference):
-    engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
+    engine = EmbeddedEngine(tiny_model, tokenizer, prefill_chunk=8)
     long_prompt = tokenizer.encode("word " * 70)
     try:
         running = asyncio.create_task(
@@ -72,7 +72,7 @@ async def test_chunked_prefill_matches_and_interleaves_with_decoding(tiny_model,
 
 
 async def test_weight_update_empties_the_cache_and_later_turns_use_new_weights(tiny_model, tokenizer, greedy_reference):
-    engine = LocalEngine(tiny_model, tokenizer)
+    engine = EmbeddedEngine(tiny_model, tokenizer)
     prompt = conversation(tokenizer, 0)
     try:
         first = await engine.generate(prompt, GREEDY)
@@ -129,7 +129,7 @@ def test_prefix_cache_matches_longest_common_prefix_and_evicts_least_recently_us
 async def test_a_burst_is_prefilled_whole_before_any_row_decodes(tiny_model, tokenizer, greedy_reference, burst_chunk):
     """On a CPU (None: the engine's choice here) a burst arriving while nothing decodes is prefilled chunk by chunk;
     on a GPU (burst_chunk=IDLE_PREFILL_TOKENS) in one step; either way its rows start decoding together."""
-    engine = LocalEngine(tiny_model, tokenizer, prefill_chunk=8)
+    engine = EmbeddedEngine(tiny_model, tokenizer, prefill_chunk=8)
     if burst_chunk is not None:
         engine.scheduler.burst_chunk = burst_chunk
     burst = [tokenizer.encode(f"Episode {i}: the board shows a box and a wall.") for i in range(3)]

@@ -21,7 +21,7 @@ import copy
 import pytest
 
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.models import load_model
 
 torch = pytest.importorskip("torch")
@@ -54,7 +54,7 @@ def smollm2():
 
 
 async def run_engine(model, tokenizer, prompts: list[list[int]], dtype: str):
-    engine = LocalEngine(copy.deepcopy(model), tokenizer, dtype=dtype)
+    engine = EmbeddedEngine(copy.deepcopy(model), tokenizer, dtype=dtype)
     try:
         greedy = await asyncio.gather(
             *[engine.generate(p, SamplingParams(max_new_tokens=24, temperature=0.0)) for p in prompts]

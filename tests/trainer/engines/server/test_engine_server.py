@@ -13,7 +13,7 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.inference import SamplingParams
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.server.app import start_engine_server
 from envhub.trainer.engines.sglang.client import SGLangEngine
 
@@ -31,7 +31,7 @@ async def served(engine, tmp_path):
     await server.stop()
 
 
-async def _wait_for_tokens(engine: LocalEngine, count: int) -> None:
+async def _wait_for_tokens(engine: EmbeddedEngine, count: int) -> None:
     while engine.stats.tokens < count or engine.num_running == 0:
         await asyncio.sleep(0.005)
 
@@ -39,7 +39,7 @@ async def _wait_for_tokens(engine: LocalEngine, count: int) -> None:
 async def test_client_matches_local_engine(served, tiny_model, tokenizer):
     _, _, client = served
     prompts = [tokenizer.encode(t) for t in ["Hello there", "What is 7+5?", "x"]]
-    direct = LocalEngine(tiny_model, tokenizer)
+    direct = EmbeddedEngine(tiny_model, tokenizer)
     params = [GREEDY, SamplingParams(max_new_tokens=12, temperature=0.8, top_p=0.95, seed=5)]
     try:
         for sampling in params:
@@ -204,7 +204,7 @@ async def test_serve_engine_cli_subprocess(tokenizer, tiny_model):
         assert await client.health(), process.stdout.read().decode() if process.poll() is not None else "not healthy"
         prompt = tokenizer.encode("Hello there")
         remote = await client.generate(prompt, GREEDY)
-        direct = LocalEngine(tiny_model, tokenizer)  # `--model tiny` is tiny_llama(seed=0): the same weights
+        direct = EmbeddedEngine(tiny_model, tokenizer)  # `--model tiny` is tiny_llama(seed=0): the same weights
         assert remote.output_ids == (await direct.generate(prompt, GREEDY)).output_ids
         await direct.close()
     finally:
@@ -217,7 +217,7 @@ async def test_multi_engine_spreads_load_over_a_local_and_a_remote_engine(served
     from envhub.trainer.engines.routing import MultiEngine
 
     remote_engine, _, client = served
-    local = LocalEngine(tiny_model, tokenizer)
+    local = EmbeddedEngine(tiny_model, tokenizer)
     multi = MultiEngine([local, client])
     prompts = [tokenizer.encode(t) for t in ["a", "b c", "d e f", "g"]]
     results = await asyncio.gather(*[multi.generate(p, GREEDY) for p in prompts])

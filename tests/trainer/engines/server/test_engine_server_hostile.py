@@ -91,12 +91,12 @@ async def test_a_client_that_vanishes_mid_generation_is_aborted(served):
 
 
 async def test_ignore_eos_and_min_new_tokens_in_the_engine(tiny_model, tokenizer):
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
-    probe = LocalEngine(tiny_model, tokenizer)
+    probe = EmbeddedEngine(tiny_model, tokenizer)
     first = (await probe.generate([1, 2, 3], SamplingParams(max_new_tokens=4, temperature=0))).output_ids[0]
     await probe.close()
-    engine = LocalEngine(tiny_model, tokenizer, eos_token_ids=(first,))
+    engine = EmbeddedEngine(tiny_model, tokenizer, eos_token_ids=(first,))
     stopped = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=6, temperature=0))
     ignored = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True))
     held = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=6, temperature=0, min_new_tokens=3))

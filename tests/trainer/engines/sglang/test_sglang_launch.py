@@ -114,8 +114,8 @@ def test_missing_sglang_names_the_install_command(tmp_path):
 
 
 async def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
+    from envhub.trainer.engines import build_engine
     from envhub.trainer.models import load_model
-    from envhub.trainer.serving import build_engine
 
     config = config_from_dict({**BASE, "engine": {"kind": "sglang", "launch": {}}, "out_dir": str(tmp_path)})
     model, tokenizer = load_model("tiny", device="cpu")
@@ -125,8 +125,8 @@ async def test_launch_on_this_machine_fails_fast_with_the_fix(tmp_path):
 
 
 async def test_attaching_to_a_url_where_nothing_answers_fails_before_the_run():
+    from envhub.trainer.engines import build_engine
     from envhub.trainer.engines.launcher import free_port
-    from envhub.trainer.serving import build_engine
 
     url = f"http://127.0.0.1:{free_port()}"
     config = config_from_dict({**BASE, "engine": {"kind": "sglang", "url": url}})

@@ -38,10 +38,10 @@ torch = pytest.importorskip("torch")
 @pytest.fixture
 async def cluster(tokenizer, tmp_path):
     """Two recorded serve-engine workers and sglang-router started with envhub's router command line."""
-    from envhub.trainer.engines.embedded.engine import LocalEngine
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.models import tiny_llama
 
-    engines = [LocalEngine(tiny_llama(tokenizer, seed=0), tokenizer) for _ in range(2)]
+    engines = [EmbeddedEngine(tiny_llama(tokenizer, seed=0), tokenizer) for _ in range(2)]
     workers = [await recorded_server(e, weights_dirs=[tmp_path]) for e in engines]
     urls = [w[0] for w in workers]
     port = free_port()

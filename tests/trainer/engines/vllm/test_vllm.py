@@ -23,7 +23,7 @@ from envhub.chat_tokens import ChatTokens
 from envhub.errors import EngineError
 from envhub.inference import GenerateResult, SamplingParams
 from envhub.trainer.config import RolloutConfig
-from envhub.trainer.engines.embedded.engine import LocalEngine
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.vllm.command import HERMES_TEMPLATE, TINY_HEADS
 from envhub.trainer.engines.vllm.engine import VLLMEngine
 from envhub.trainer.engines.vllm.weights import write_safetensors
@@ -78,7 +78,7 @@ def max_diff(a: list[float], b: list[float]) -> float:
 async def test_greedy_ids_and_logprobs_agree_with_the_embedded_engine(
     vllm, served_model, tokenizer, recomputed_logprobs
 ):
-    local = LocalEngine(served_model, tokenizer)
+    local = EmbeddedEngine(served_model, tokenizer)
     try:
         for prompt in prompts(tokenizer):
             real, ours = await vllm.generate(prompt, GREEDY), await local.generate(prompt, GREEDY)
@@ -243,7 +243,7 @@ async def test_push_mid_generation_resubmits_and_every_token_keeps_its_version(
         shutil.rmtree(weights, ignore_errors=True)
         await vllm.update_weights(served_model.state_dict(), version=old + 2)  # later tests expect these weights
     restored = await vllm.generate(prompt, GREEDY)
-    ours = LocalEngine(served_model, tokenizer)
+    ours = EmbeddedEngine(served_model, tokenizer)
     assert restored.output_ids == (await ours.generate(prompt, GREEDY)).output_ids
     assert restored.token_versions == [old + 2] * len(restored.output_ids)
     await ours.close()

@@ -7,10 +7,10 @@ import pytest
 
 from envhub.errors import EngineError
 from envhub.trainer.config import config_from_dict
+from envhub.trainer.engines import build_engine
 from envhub.trainer.engines.launcher import free_port
 from envhub.trainer.engines.server.app import start_engine_server
 from envhub.trainer.engines.vllm.engine import VLLMEngine
-from envhub.trainer.serving import build_engine
 
 
 async def test_attaching_where_nothing_listens_names_the_url_and_how_to_start_one():

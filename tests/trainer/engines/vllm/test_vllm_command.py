@@ -91,8 +91,8 @@ def test_missing_vllm_names_make_install(monkeypatch, tmp_path):
     [
         (["--host", "0.0.0.0"], "refusing to serve on 0.0.0.0 without an API key"),
         (["--host", "0.0.0.0", "--api-key", "k", "--rl-routes"], "refusing --rl-routes on 0.0.0.0"),
-        (["--device", "cpu"], "--device is an option of --backend local"),
-        (["--allow-weights-dir", "/tmp"], "--allow-weights-dir is an option of --backend local"),
+        (["--device", "cpu"], "--device is an option of --backend embedded"),
+        (["--allow-weights-dir", "/tmp"], "--allow-weights-dir is an option of --backend embedded"),
     ],
 )
 def test_serve_engine_vllm_refuses_unsafe_or_meaningless_options(args, error, monkeypatch):

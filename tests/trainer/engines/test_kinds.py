@@ -1,0 +1,137 @@
+"""Engine kinds are types: one registry names them, a kind defined outside envhub runs through `envhub train` and
+`envhub serve-engine` with no other edit (its Ray run is in tests/trainer/rollout/test_ray.py), and bad names are
+refused with the known kinds and a suggestion."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from envhub.errors import ConfigError, EngineError
+from envhub.trainer.config import config_from_dict
+from envhub.trainer.engines import EngineKind, engine_kind, engine_kinds, register_engine_kind
+from envhub.trainer.train import Trainer
+from envhub.user_modules import load_user_module
+from tests.trainer.test_train_http_engine import free_port
+
+COUNTING = Path(__file__).with_name("counting_kind.py")
+REPO = Path(__file__).resolve().parents[3]
+
+
+def tiny_config(out_dir: Path, kind: str, **extra) -> dict:
+    return {
+        "model": {"name": "tiny"},
+        "engine": {"kind": kind},
+        "tasks": [{"env": "Letters-v0"}],
+        "rollout": {"group_size": 2, "max_new_tokens": 4, "max_turns": 1},
+        "algorithm": {"groups_per_step": 1, "mode": "sync", "filter_zero_variance": False},
+        "budget": {"steps": 1, "checkpoint_every": 10},
+        "out_dir": str(out_dir),
+        **extra,
+    }
+
+
+def test_the_bundled_kinds_and_the_local_alias():
+    assert engine_kinds()[:3] == ["embedded", "sglang", "vllm"]
+    assert engine_kind("local") is engine_kind("embedded") and engine_kind("embedded").in_process
+    assert not engine_kind("vllm").in_process and not engine_kind("sglang").in_process
+    assert config_from_dict({"tasks": [{"env": "Math-v0"}]}).engine.kind == "embedded"
+    config_from_dict({"tasks": [{"env": "Math-v0"}], "engine": {"kind": "local"}})  # configs in the wild
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("vlm", "did you mean 'vllm'"), ("lokal", "did you mean 'local'"), ("tensorrt", "--import MODULE")],
+)
+def test_an_unknown_kind_names_the_known_ones_and_the_fix(name, says):
+    with pytest.raises(ConfigError, match="unknown engine kind") as caught:
+        config_from_dict({"tasks": [{"env": "Math-v0"}], "engine": {"kind": name}})
+    assert "embedded, sglang, vllm" in str(caught.value) and says in caught.value.hint
+
+
+def test_a_kind_needs_a_usable_name_that_is_not_taken():
+    class Nameless(EngineKind):
+        pass
+
+    class Impostor(EngineKind):
+        name = "vllm"
+
+    class Alias(EngineKind):
+        name = "local"
+
+    engine_kind("vllm")
+    for kind in (Nameless, Impostor, Alias):
+        with pytest.raises(ConfigError):
+            register_engine_kind(kind)
+    assert type(engine_kind("vllm")).__name__ == "VLLMKind"
+
+
+def test_a_kind_refuses_what_it_cannot_do():
+    with pytest.raises(ConfigError, match="for kind: sglang, not kind: embedded"):
+        config_from_dict({"tasks": [{"env": "Math-v0"}], "engine": {"kind": "embedded", "router_url": "http://x"}})
+    with pytest.raises(EngineError, match="Ray rollouts with engine.kind vllm are not supported"):
+        asyncio.run(engine_kind("vllm").worker_endpoint(None, host="h", bind="b", api_key=None))
+    with pytest.raises(EngineError, match="cannot serve engine kind sglang") as caught:
+        engine_kind("sglang").serve(None)
+    assert "--backend embedded or vllm" in caught.value.hint
+
+
+def test_a_kind_from_a_configs_imports_is_checked_once_imported(tmp_path):
+    config = config_from_dict(tiny_config(tmp_path, "counting-later", imports=[str(COUNTING)]))  # not imported yet
+    with pytest.raises(ConfigError, match="unknown engine kind 'counting-later'"):
+        asyncio.run(Trainer(config).run())
+
+
+async def test_envhub_train_runs_a_kind_defined_outside_envhub(tmp_path):
+    module = load_user_module(str(COUNTING))
+    before = module.CountingEngine.generated
+    config = config_from_dict(tiny_config(tmp_path / "run", "counting", imports=[str(COUNTING)]))
+    result = await asyncio.wait_for(Trainer(config).run(), 300)
+    assert result.last_step == 1
+    assert module.CountingEngine.generated - before >= 2  # one group of two episodes, one turn each
+
+
+@pytest.mark.slow
+def test_envhub_serve_engine_serves_a_kind_defined_outside_envhub():
+    port = free_port()
+    command = [sys.executable, "-m", "envhub.cli.main", "serve-engine", "--import", str(COUNTING)]
+    proc = subprocess.Popen(
+        [*command, "--backend", "counting", "--model", "tiny", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        result = asyncio.run(_generate_when_ready(f"http://127.0.0.1:{port}", proc))
+        assert len(result["output_ids"]) == 3 and len(result["meta_info"]["output_token_logprobs"]) == 3
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"counting kind: serving tiny at http://127.0.0.1:{port}" in out
+    assert "registered no env" not in out  # a module that registers an engine kind is not warned about
+
+
+async def _generate_when_ready(url: str, proc: subprocess.Popen) -> dict:
+    deadline = time.monotonic() + 120
+    async with aiohttp.ClientSession() as session:
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                async with session.get(f"{url}/health") as response:
+                    if response.status == 200:
+                        break
+            except aiohttp.ClientConnectionError:
+                pass
+            assert time.monotonic() < deadline, "serve-engine --backend counting never became ready"
+            await asyncio.sleep(0.2)
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+        async with session.post(f"{url}/generate", json={**body, "return_logprob": True}) as response:
+            assert response.status == 200, await response.text()
+            return await response.json()
