@@ -1,10 +1,12 @@
-"""Engine kinds are types: one registry names them, a kind defined outside envhub runs through `envhub train` and
-`envhub serve-engine` with no other edit (its Ray run is in tests/trainer/rollout/test_ray.py), and bad names are
-refused with the known kinds and a suggestion."""
+"""Engine kinds are types: one registry names them, a kind defined outside envhub (counting_kind.py) runs through
+`envhub train` and `envhub serve-engine` with no other edit (its Ray run: tests/trainer/rollout/test_ray.py), and
+bad names are refused with the known kinds and a suggestion."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +19,6 @@ from envhub.errors import ConfigError, EngineError
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.engines import EngineKind, engine_kind, engine_kinds, register_engine_kind
 from envhub.trainer.train import Trainer
-from envhub.user_modules import load_user_module
 from tests.trainer.test_train_http_engine import free_port
 
 COUNTING = Path(__file__).with_name("counting_kind.py")
@@ -88,13 +89,16 @@ def test_a_kind_from_a_configs_imports_is_checked_once_imported(tmp_path):
         asyncio.run(Trainer(config).run())
 
 
-async def test_envhub_train_runs_a_kind_defined_outside_envhub(tmp_path):
-    module = load_user_module(str(COUNTING))
-    before = module.CountingEngine.generated
-    config = config_from_dict(tiny_config(tmp_path / "run", "counting", imports=[str(COUNTING)]))
-    result = await asyncio.wait_for(Trainer(config).run(), 300)
-    assert result.last_step == 1
-    assert module.CountingEngine.generated - before >= 2  # one group of two episodes, one turn each
+def test_envhub_train_runs_a_kind_defined_outside_envhub(tmp_path):
+    config = tmp_path / "counting.yaml"
+    config.write_text(json.dumps(tiny_config(tmp_path / "run", "counting")))  # JSON is YAML
+    command = [sys.executable, "-m", "envhub.cli.main", "train", str(config), "--import", str(COUNTING)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    calls = re.search(r"counting kind: (\d+) generate calls", done.stdout)
+    assert calls and int(calls.group(1)) >= 2, done.stdout[-2000:]  # one group of two episodes, one turn each
+    rows = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1]
 
 
 @pytest.mark.slow
