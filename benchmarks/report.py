@@ -156,6 +156,7 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
     try:
         for n in counts:
             await source.resize(n)
+            source.peak_in_flight = 0
             task = config.tasks[0]
             started = time.perf_counter()
             groups = await asyncio.gather(
@@ -163,7 +164,12 @@ async def worker_scaling(counts: list[int], episodes: int, per_worker: int) -> d
             )
             elapsed = time.perf_counter() - started
             done = sum(len(g or []) for g in groups)
-            rows[str(n)] = {"episodes": done, "seconds": round(elapsed, 2), "episodes_per_s": round(done / elapsed, 2)}
+            rows[str(n)] = {
+                "episodes": done,
+                "seconds": round(elapsed, 2),
+                "episodes_per_s": round(done / elapsed, 2),
+                "peak_in_flight": source.peak_in_flight,
+            }
     finally:
         await source.close()
         await server.stop()
@@ -276,10 +282,11 @@ def to_markdown(r: dict[str, Any]) -> str:
         else [
             f"{w['env']}; at most {w['episodes_per_worker']} episodes per worker.",
             "",
-            "| workers | episodes | seconds | episodes/s | vs 1 worker |",
-            "|---:|---:|---:|---:|---:|",
+            "| workers | episodes | most at once | seconds | episodes/s | vs 1 worker |",
+            "|---:|---:|---:|---:|---:|---:|",
             *[
-                f"| {n} | {row['episodes']} | {row['seconds']} | {row['episodes_per_s']} | {row['speedup_vs_1']}x |"
+                f"| {n} | {row['episodes']} | {row.get('peak_in_flight', '')} | {row['seconds']} | "
+                f"{row['episodes_per_s']} | {row['speedup_vs_1']}x |"
                 for n, row in w["workers"].items()
             ],
         ]

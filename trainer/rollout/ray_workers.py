@@ -129,6 +129,7 @@ class RayRolloutSource:
         self.load = [0] * options.workers
         self._slots = asyncio.Semaphore(options.workers * options.episodes_per_worker)
         self.episodes_finished = 0
+        self.peak_in_flight = 0  # most episodes running on the actors at once (what scaling out buys)
         self.episodes_retried = 0
         self.on_episode: EpisodeCallback | None = None  # sees every episode an actor returns
         self.actors_restarted = 0
@@ -192,6 +193,7 @@ class RayRolloutSource:
                 index = min(range(len(self.actors)), key=self.load.__getitem__)
                 actor = self.actors[index]
                 self.load[index] += 1
+                self.peak_in_flight = max(self.peak_in_flight, sum(self.load))
                 ref = actor.run_episode.remote(task, seed, group_id)
                 try:
                     traj = await ref
