@@ -128,9 +128,11 @@ def register_engine_kind(kind: type[EngineKind] | EngineKind) -> EngineKind:
             f"engine kind {type(instance).__name__} needs a name of letters, digits, '-' or '_', got {instance.name!r}",
             hint='set the class attribute name = "my-engine"',
         )
+    path = f"{type(instance).__module__}:{type(instance).__qualname__}"
     for name in (instance.name, *instance.aliases):
         taken = _registered.get(name)
-        if name in _ALIASES or (taken is not None and type(taken) is not type(instance)):
+        bundled = _BUNDLED.get(name)  # taken even before its module is imported
+        if name in _ALIASES or (taken is not None and type(taken) is not type(instance)) or bundled not in (None, path):
             raise ConfigError(f"engine kind name {name!r} is taken", hint="pick another name")
         _registered[name] = instance
     return instance

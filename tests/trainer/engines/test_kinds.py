@@ -66,11 +66,13 @@ def test_a_kind_needs_a_usable_name_that_is_not_taken():
     class Alias(EngineKind):
         name = "local"
 
-    engine_kind("vllm")
-    for kind in (Nameless, Impostor, Alias):
+    class Shadow(EngineKind):
+        name = "sglang"  # a bundled kind is taken before its module is imported, too
+
+    for kind in (Nameless, Impostor, Alias, Shadow):
         with pytest.raises(ConfigError):
             register_engine_kind(kind)
-    assert type(engine_kind("vllm")).__name__ == "VLLMKind"
+    assert [type(engine_kind(n)).__name__ for n in ("vllm", "sglang")] == ["VLLMKind", "SGLangKind"]
 
 
 def test_a_kind_refuses_what_it_cannot_do():
