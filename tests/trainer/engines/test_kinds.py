@@ -9,16 +9,18 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
-import aiohttp
 import pytest
 
 from envhub.errors import ConfigError, EngineError
+from envhub.inference import SamplingParams
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.engines import EngineKind, engine_kind, engine_kinds, register_engine_kind
+from envhub.trainer.engines.sglang.client import SGLangEngine
 from envhub.trainer.train import Trainer
+from tests.trainer.engines.test_engine_outage import _until_healthy
 from tests.trainer.test_train_http_engine import free_port
 
 COUNTING = Path(__file__).with_name("counting_kind.py")
@@ -111,33 +113,24 @@ def test_envhub_serve_engine_serves_a_kind_defined_outside_envhub():
         [*command, "--backend", "counting", "--model", "tiny", "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
         result = asyncio.run(_generate_when_ready(f"http://127.0.0.1:{port}", proc))
-        assert len(result["output_ids"]) == 3 and len(result["meta_info"]["output_token_logprobs"]) == 3
+        assert len(result.output_ids) == 3 and len(result.logprobs) == 3
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     assert f"counting kind: serving tiny at http://127.0.0.1:{port}" in out
-    assert "registered no env" not in out  # a module that registers an engine kind is not warned about
+    assert "registered no env" not in err  # a module that registers an engine kind is not warned about
 
 
-async def _generate_when_ready(url: str, proc: subprocess.Popen) -> dict:
-    deadline = time.monotonic() + 120
-    async with aiohttp.ClientSession() as session:
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                async with session.get(f"{url}/health") as response:
-                    if response.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                pass
-            assert time.monotonic() < deadline, "serve-engine --backend counting never became ready"
-            await asyncio.sleep(0.2)
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
-        async with session.post(f"{url}/generate", json={**body, "return_logprob": True}) as response:
-            assert response.status == 200, await response.text()
-            return await response.json()
+async def _generate_when_ready(url: str, proc: subprocess.Popen) -> Any:
+    """Greedy ids and logprobs of three tokens, through envhub's SGLang client, once the server is up."""
+    client = SGLangEngine(url, retries=0, connect_timeout=2)
+    try:
+        await _until_healthy(url, proc)
+        return await client.generate([1, 2, 3], SamplingParams(max_new_tokens=3, ignore_eos=True, temperature=0))
+    finally:
+        await client.close()

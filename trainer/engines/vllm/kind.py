@@ -19,13 +19,14 @@ from envhub.errors import ConfigError, EngineError
 from envhub.inference import InferenceEngine
 from envhub.trainer.engines.kinds import EngineKind, push_through_disk
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _EMBEDDED_ONLY = ("allow_weights_dir", "device", "max_body_mb")  # serve-engine options vLLM does not read
 
 
 def on_this_machine(url: str) -> bool:
     """True for a launched server (no URL) or one on a loopback address (it can read our /dev/shm)."""
-    return not url or urlparse(url).hostname in _LOOPBACK
+    from envhub.trainer.engines.server.security import is_loopback
+
+    return not url or is_loopback(urlparse(url).hostname or "")
 
 
 class VLLMKind(EngineKind):
