@@ -45,24 +45,23 @@ import platform
 import shutil
 import tempfile
 import time
+import typing
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from envhub.errors import ConfigError
-from envhub.trainer.config import TrainConfig, config_from_dict, config_to_dict
-from envhub.trainer.learner.is_correction import LEVELS
-from envhub.trainer.learner.pg_variants import PG_VARIANTS
-from envhub.trainer.models import build_policy
+from envhub.trainer.config import AlgorithmConfig, ISCorrectionConfig, TrainConfig, config_from_dict, config_to_dict
 from envhub.trainer.run.metrics import learner_stat
-from envhub.trainer.sft import warm_start
-from envhub.trainer.train import Trainer
+
+# torch and the trainer are imported where a run needs them: a bad command line is refused in a second, not after
+# loading torch and transformers
 
 MODES = ("sync", "async")
-VARIANTS = tuple(PG_VARIANTS)  # the learner's registry: a new variant is a --variant choice with nothing to edit here
-IS_LEVELS = ("none", *LEVELS)
+# the config's own choices: a variant or level the config accepts is a choice here with nothing to edit
+VARIANTS = typing.get_args(typing.get_type_hints(AlgorithmConfig)["pg_variant"])
+IS_LEVELS = typing.get_args(typing.get_type_hints(ISCorrectionConfig)["level"])
 WARM_START_RECORD = "warm_start.json"  # what made a --warm-start directory; its presence marks one finished
 WARM_START_SECTIONS = ("model", "tasks", "sft")  # the config sections that decide the checkpoint
 
@@ -144,6 +143,8 @@ def history_mean(history: list[dict[str, Any]], key: str) -> float:
 async def train_mode(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
     """Train one mode and return its evaluation and timings."""
     started = time.monotonic()
+    from envhub.trainer.train import Trainer
+
     result = await Trainer(config, out_dir=out_dir).run()
     wall = time.monotonic() - started
     report = json.loads((out_dir / "eval.json").read_text())
@@ -215,6 +216,9 @@ def warm_start_checkpoint(config: TrainConfig, directory: Path) -> dict[str, Any
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
+    from envhub.trainer.models import build_policy
+    from envhub.trainer.sft import warm_start
+
     model, tokenizer = build_policy(config.model, config.seed)
     stats = asyncio.run(warm_start(model, tokenizer, config, partial))
     model.save_pretrained(partial)
@@ -467,6 +471,15 @@ def merge_files(paths: list[str], out: Path) -> None:
     print(f"wrote {out}")
 
 
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {
+        "cpu_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
 def main() -> None:
     args = parse_args()
     if args.merge:
@@ -529,9 +542,8 @@ def main() -> None:
         "async_max_staleness": configs["async", seeds[0]].algorithm.max_staleness,
         "model": configs[MODES[0], seeds[0]].model.name,
         "host": platform.node(),
-        "cpu_threads": torch.get_num_threads(),
         "load_avg_1m": load,
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **machine(),  # torch only now: every refusal above came first
         **warm,
     }
     runs = run_all(configs, seeds, header, path)

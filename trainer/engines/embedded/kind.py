@@ -5,17 +5,20 @@ native HTTP API and the OpenAI-compatible routes."""
 from __future__ import annotations
 
 import os
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from envhub.inference import InferenceEngine
 from envhub.trainer.engines.kinds import EngineKind
+
+if TYPE_CHECKING:
+    import torch
 
 
 def embedded_dtype(config: Any) -> Any:
     """The dtype the embedded engine serves the policy in: bf16 when the learner computes in bf16 (engine.dtype
     auto), else `engine.dtype` ("auto": bf16 on GPUs and on CPUs with bf16 units, fp32 elsewhere)."""
+    import torch
+
     from envhub.trainer.learner.precision import resolve_precision
 
     learner_dtype = resolve_precision(config.model.device, config.model.dtype).engine_dtype
