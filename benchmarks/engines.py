@@ -1,7 +1,7 @@
 """The embedded EmbeddedEngine and vLLM side by side: same model, same prompts, one run, through `InferenceEngine`.
 
     python benchmarks/engines.py [--engines embedded,vllm] [--model smollm2] [--sequences 32] [--prompt-tokens 256]
-        [--new-tokens 128] [--repeats 3] [--device cpu|cuda] [--dtype auto] [--vllm-dtype bfloat16]
+        [--new-tokens 128] [--repeats 3] [--device cpu|cuda] [--dtype auto] [--vllm-dtype bfloat16] [--load N]
         [--out benchmarks/results/engines.json]
 
 Each repeat generates `--new-tokens` tokens (temperature 1, logprobs, EOS ignored) for every sequence, all
@@ -11,6 +11,12 @@ gets a state dict, as the trainer pushes it; vLLM reloads a safetensors director
 the time split (prefill / decode), the bytes a decode step reads (weights + KV) against the memory bandwidth
 (`--peak-gbps`, default: H100 3350 / H200 4800 on those GPUs, a measured read bandwidth on CPU), and exactness
 (greedy tokens against a plain transformers forward, KL(engine || fp32) of the sampled tokens).
+
+`--load N` measures each engine again while N CPU-bound processes run beside it (each a torch fp32 matmul loop at
+torch's default threads, neither niced nor pinned: what a learner or a busy env does to an engine on a shared
+machine), the same load for both engines: `*_loaded_tokens_per_s`, `*_loaded_over_quiet` and the load's own CPU
+seconds per engine batch are reported next to the quiet figures. (`local_*` keys repeat the `embedded_*` ones under
+the engine's former name.)
 
 On a GPU the lead runs: `python benchmarks/engines.py --engines embedded --device cuda --sequences 64
 --prompt-tokens 1024 --new-tokens 256`.
@@ -60,8 +66,9 @@ async def build_embedded(args: argparse.Namespace) -> tuple[InferenceEngine, dic
         max_batch_size=max(args.sequences, 1),
         prefill_chunk=args.prefill_chunk if args.prefill_chunk >= 0 else (8192 if device.type == "cuda" else 512),
         kv_cache_mb=args.kv_cache_mb,
+        threads=args.threads if args.threads == "auto" else int(args.threads),
     )
-    return engine, {"dtype": str(dtype).removeprefix("torch."), "device": str(device)}
+    return engine, {"dtype": str(dtype).removeprefix("torch."), "device": str(device), "threads": args.threads}
 
 
 async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
@@ -76,6 +83,43 @@ async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[st
 
 
 BUILDERS = {"embedded": build_embedded, "vllm": build_vllm}  # engine kinds, by name
+LOAD_SCRIPT = "import torch\nx = torch.randn(1024, 1024)\nwhile True:\n    x @ x\n"  # default threads, not niced
+
+
+class Load:
+    """N CPU-bound processes (a torch matmul loop each) running while the block runs."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self._running: list[Any] = []
+
+    def __enter__(self) -> Load:
+        import subprocess
+
+        self._running = [subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT]) for _ in range(self.processes)]
+        time.sleep(3.0)  # torch imported and the loop running before anything is timed
+        if any(p.poll() is not None for p in self._running):
+            raise SystemExit("a load process exited at start")
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds the load processes have used so far."""
+        import psutil
+
+        total = 0.0
+        for process in self._running:
+            try:
+                times = psutil.Process(process.pid).cpu_times()
+                total += times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self._running:
+            process.kill()
+        for process in self._running:
+            process.wait()
 
 
 def cpu_seconds(engine: Any) -> float:
@@ -183,17 +227,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             engines[name] = await BUILDERS[name](args)
             await engines[name][0].generate(prompts[0][:16], SamplingParams(max_new_tokens=4, ignore_eos=True))
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-        for repeat in range(args.repeats):
-            for name in names if repeat % 2 == 0 else names[::-1]:  # alternate who goes first
-                engine = engines[name][0]
-                if isinstance(engine, EmbeddedEngine):
-                    engine.stats = engine.scheduler.stats = type(engine.stats)()
-                runs[name].append(await timed_batch(engine, prompts, args.new_tokens))
-                print(f"repeat {repeat}: {name} {runs[name][-1]}  load {os.getloadavg()[0]:.1f}", flush=True)
+        runs = await repeats(engines, names, prompts, args)
+        loaded: dict[str, list[dict[str, float]]] = {}
+        if args.load:
+            with Load(args.load) as load:
+                loaded = await repeats(engines, names, prompts, args, load)
         for name in names:
             engine, info = engines[name]
             entry = {**info, **summary(runs[name])}
+            if loaded:
+                entry["loaded"] = summary(loaded[name])
+                report[f"{name}_loaded_tokens_per_s"] = entry["loaded"]["tokens_per_s_median"]
+                report[f"{name}_loaded_over_quiet"] = round(
+                    entry["loaded"]["tokens_per_s_median"] / entry["tokens_per_s_median"], 3
+                )
             if isinstance(engine, EmbeddedEngine):
                 entry["decode"] = decode_figures(engine, peak_bandwidth(engine.cache.layout.device, args.peak_gbps))
                 if args.check:
@@ -216,7 +263,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         overall = report[f"{first}_tokens_per_s"] / report[f"{second}_tokens_per_s"]
         report[f"{first}_over_{second}"] = round(overall, 3)
         report[f"{first}_over_{second}_per_repeat"] = [round(r, 3) for r in ratios]
+        if loaded:
+            overall = report[f"{first}_loaded_tokens_per_s"] / report[f"{second}_loaded_tokens_per_s"]
+            report[f"{first}_over_{second}_loaded"] = round(overall, 3)
+    for key in [k for k in report if k.startswith("embedded_")]:  # the figures under the engine's former name
+        report["local_" + key.removeprefix("embedded_")] = report[key]
     return report
+
+
+async def repeats(
+    engines: dict[str, tuple[Any, dict[str, Any]]],
+    names: list[str],
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    load: Load | None = None,
+) -> dict[str, list[dict[str, float]]]:
+    """`args.repeats` timed batches per engine, engines taking turns (who goes first alternates)."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for repeat in range(args.repeats):
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            engine = engines[name][0]
+            if isinstance(engine, EmbeddedEngine):
+                engine.stats = engine.scheduler.stats = type(engine.stats)()
+            load_cpu = load.cpu_s() if load is not None else 0.0
+            runs[name].append(await timed_batch(engine, prompts, args.new_tokens))
+            if load is not None:  # how much of the machine the load got meanwhile
+                runs[name][-1]["load_cpu_s"] = round(load.cpu_s() - load_cpu, 1)
+            label = "loaded" if load is not None else "quiet"
+            print(f"{label} repeat {repeat}: {name} {runs[name][-1]}  loadavg {os.getloadavg()[0]:.1f}", flush=True)
+    return runs
 
 
 def main() -> None:
@@ -232,13 +307,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--prefill-chunk", type=int, default=-1, help="default: 512 on CPU, 8192 on CUDA")
     parser.add_argument("--kv-cache-mb", type=float, default=4096.0)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for the embedded engine (0: torch's)")
+    parser.add_argument(
+        "--threads", default="auto", help="the embedded engine's threads: auto (the rule), N, or 0 (torch's count)"
+    )
     parser.add_argument("--peak-gbps", type=float, default=0.0, help="memory bandwidth to compare decode with")
+    parser.add_argument("--load", type=int, default=0, help="CPU-bound load processes for a loaded measurement")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the exactness figures")
     parser.add_argument("--out", default="benchmarks/results/engines.json")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     report = asyncio.run(run(args))
     report = {
@@ -249,6 +325,7 @@ def main() -> None:
             "new_tokens": args.new_tokens,
             "temperature": 1.0,
             "repeats": args.repeats,
+            "load_processes": args.load,
         },
         "machine": {
             "host": platform.node(),

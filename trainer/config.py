@@ -90,6 +90,7 @@ class EngineConfig:
         "auto"  #: embedded engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX), with a bf16 learner; else fp32
     )
     kv_cache_mb: float = 2048.0  #: embedded engine: KV cache budget; requests queue when it is full
+    threads: int = 0  #: embedded engine, CPU: torch threads per model step (0 = the rule in docs/engines.md)
     cuda_graphs: bool = True  #: embedded engine on CUDA: replay decode steps from captured CUDA graphs
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
         "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
@@ -226,7 +227,8 @@ class BudgetConfig:
     """When training stops and how often it saves."""
 
     steps: int = 10  #: learner steps
-    max_time_s: float = 0.0  #: wall-time limit (0 = none)
+    max_time_s: float = 0.0  #: RL wall-time limit from RL's start (evaluations, SFT not counted; 0 = none)
+    max_run_s: float = 0.0  #: cap of the whole run from its start, evaluations and SFT included (0 = none)
     checkpoint_every: int = 5  #: steps between checkpoints (the last step always saves)
     checkpoint_keep: int = 3  #: newest checkpoints kept on disk (0 = all)
     checkpoint_max_shard_size: str = "5GB"  #: largest safetensors shard of a saved model
@@ -243,6 +245,7 @@ class LearnerConfig:
         2048  #: model tokens per vocabulary projection chunk ([chunk, vocab] fp32 logits at once)
     )
     train_layers: int = 0  #: RL trains only the top N decoder layers and the final norm (0 = every weight)
+    threads: int = 0  #: CPU: torch threads of a learner step beside generation (0 = every core, docs/engines.md)
 
 
 @dataclass

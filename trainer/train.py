@@ -39,6 +39,7 @@ from envhub.trainer.rollout.queue import TrajectoryQueue
 from envhub.trainer.rollout.sources import LocalRollouts, RolloutSource
 from envhub.trainer.rollout.tasks import TaskSampler, env_factory
 from envhub.trainer.rollout.worker import RolloutWorker
+from envhub.trainer.run.cores import CoreShare
 from envhub.trainer.run.cpu_usage import cpu_times, cpu_used
 from envhub.trainer.run.errors import TaskErrors
 from envhub.trainer.run.metrics import MetricsLogger, off_policy_warning
@@ -51,6 +52,7 @@ from envhub.trainer.run.resume import (
     save_run,
     stop_error,
 )
+from envhub.trainer.run.stages import StageClock, StepTimer
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Group
@@ -84,6 +86,8 @@ class _Run:
     recorder: EpisodeRecorder
     metrics: MetricsLogger
     producer: GroupProducer
+    timer: StepTimer
+    rl_started: float = 0.0  # the time budget counts from here: after the evaluations, SFT and the engine's start
     evaluation: BeforeAfter | None = None
     eval_model: Any = None  # a plain copy for the final evaluation (the learner's may be LoRA-wrapped or sharded)
     step: int = 0
@@ -121,6 +125,8 @@ class Trainer:
         self.learner_group: Any = None  # DistLearner when the learner runs on several processes
         self.sft_stats: dict[str, float] | None = None  # the warm start's losses, when the config has an sft stage
         self.on_progress: Callable[[dict[str, Any]], None] | None = None  # called about twice a second within a step
+        self.clock = StageClock(self.out_dir)  # where the run's time went: RUN_DIR/stages.json, `summary()`
+        self.cores: CoreShare | None = None  # the threads rule, from the config (_prepare)
 
     def request_stop(self) -> None:
         """Finish the step in progress, save a checkpoint and return (what Ctrl-C does)."""
@@ -140,6 +146,7 @@ class Trainer:
             if (stopped := stop_error(failure, self.out_dir, None)) is failure:
                 raise
             raise stopped from failure
+        run.rl_started = self.clock.start_rl()
         producing = asyncio.create_task(run.producer.run())
         try:
             await self._train_until_stopped(run, producing)
@@ -149,6 +156,7 @@ class Trainer:
                 raise
             raise stopped from failure
         await self._finish(run, producing)
+        self.clock.end_rl(run.step - run.first_step, run.history)
         if run.save_error is not None:  # the last checkpoint could not be written: the previous one is intact
             raise run.save_error
         await self._evaluate_after(run)
@@ -176,6 +184,8 @@ class Trainer:
         load_user_modules(cfg.imports, option="imports:")  # the config's own env modules (envhub train --import)
         self.kind = engine_kind(cfg.engine.kind)  # a kind from the config's imports: is known from here
         self.kind.check(cfg)
+        self.cores = CoreShare.from_config(cfg)
+        print(self.cores.describe(), flush=True)
         await preflight(cfg.tasks, reset=self.ray is None)  # a bad env id or kwarg stops here, in seconds
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
@@ -183,8 +193,9 @@ class Trainer:
         resuming = saved is not None
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
-        # before LoRA wraps the model: engines serve plain weights
-        self.engine = self.kind.watch(await self.kind.build(cfg, model, tokenizer), cfg)
+        with self.clock.stage("engine start"):  # before LoRA wraps the model: engines serve plain weights
+            self.engine = self.kind.watch(await self.kind.build(cfg, model, tokenizer), cfg)
+        self.cores.attach(self.engine)
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         algo = cfg.algorithm
         queue = TrajectoryQueue(
@@ -215,7 +226,8 @@ class Trainer:
         if saved is not None and "record" in saved.state:
             restore_record(saved.state["record"], recorder, errors, producer, step)
         metrics = MetricsLogger(self.out_dir, purge_step=step + 1 if resume else None)
-        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, metrics, producer)
+        timer = StepTimer(self.engine)
+        run = _Run(started, tokenizer, learner, queue, sampler, errors, recorder, metrics, producer, timer)
         run.evaluation, run.eval_model, run.step, run.first_step = evaluation, eval_model, step, step
         return run
 
@@ -233,11 +245,14 @@ class Trainer:
         cfg = self.config
         evaluation = BeforeAfter(cfg, self.out_dir) if cfg.evaluation.episodes and not resuming else None
         if evaluation is not None:
-            await evaluation.measure("before", model, tokenizer)
+            with self.clock.stage("evaluation before"):
+                await evaluation.measure("before", model, tokenizer)
         if (cfg.sft.data or cfg.sft.collect) and not resuming:
-            self.sft_stats = await warm_start(model, tokenizer, cfg, self.out_dir)
+            with self.clock.stage("sft"):
+                self.sft_stats = await warm_start(model, tokenizer, cfg, self.out_dir)
             if evaluation is not None and cfg.evaluation.after_sft:
-                await evaluation.measure("sft", model, tokenizer)
+                with self.clock.stage("evaluation sft"):
+                    await evaluation.measure("sft", model, tokenizer)
         if evaluation is None:
             return None, None
         # kept for the final evaluation, in the dtype it is decoded in: half the memory of an fp32 copy
@@ -260,6 +275,7 @@ class Trainer:
         self._raise_if_failing(run)  # also when other tasks keep the batches coming
         if self._out_of_time(run):
             return None
+        run.timer.waiting()
         batch = asyncio.ensure_future(run.queue.get_batch())
         stop = asyncio.ensure_future(self._stop.wait())
         try:
@@ -281,6 +297,7 @@ class Trainer:
             batch.cancel()
             run.interrupted = self._stop.is_set()
             return None
+        run.timer.got_batch()
         return batch.result()
 
     def _raise_if_failing(self, run: _Run) -> None:
@@ -291,8 +308,10 @@ class Trainer:
             self.engine.raise_if_failed()  # a managed server that exited, or an outage past max_outage_s
 
     def _out_of_time(self, run: _Run) -> bool:
-        limit = self.config.budget.max_time_s
-        if limit and time.monotonic() - run.started > limit:
+        budget, now = self.config.budget, time.monotonic()  # max_time_s: RL's own; max_run_s: the whole run's cap
+        if (budget.max_time_s and now - run.rl_started > budget.max_time_s) or (
+            budget.max_run_s and now - run.started > budget.max_run_s
+        ):
             self.stop_reason = "time budget spent"
             return True
         return False
@@ -303,7 +322,9 @@ class Trainer:
         assert self.engine is not None
         lags = [run.queue.lag(g) for g in groups]
         step_started = time.monotonic()
-        stats = await asyncio.to_thread(releasing_openmp(run.learner.step), groups, run.queue.version)
+        step = self.cores.learner_step(run.learner.step, generating=lambda: bool(run.producer.in_flight))
+        stats = await asyncio.to_thread(step, groups, run.queue.version)
+        learner_s = time.monotonic() - step_started
         run.step += 1
         if run.step >= self.config.budget.steps:
             # the last step: stop starting groups before its version admits more, or a whole batch that no step
@@ -311,13 +332,16 @@ class Trainer:
             producing.cancel()
             await asyncio.gather(producing, return_exceptions=True)
         run.producer.trained(groups, run.step)
+        push_started = time.monotonic()
         try:
             push = await self.kind.push(self.engine, run.learner, run.step, self.config, self.out_dir)
         except BaseException:
             run.queue.version = run.step  # the step was taken: its checkpoint says so (nothing more is admitted)
             raise
         await run.queue.set_version(run.step)
+        push_s = time.monotonic() - push_started
         row = self._row(run, groups, lags, stats, time.monotonic() - step_started) | push
+        row |= run.timer.row(learner_s, push_s, [t for g in groups for t in g])
         run.metrics.log(run.step, row)
         run.history.append(row)
         algo = self.config.algorithm
@@ -390,5 +414,6 @@ class Trainer:
         if run.evaluation is None or run.final_state is None:
             return
         load_state(run.eval_model, run.final_state)
-        await run.evaluation.measure("after", run.eval_model, run.tokenizer)
+        with self.clock.stage("evaluation after"):
+            await run.evaluation.measure("after", run.eval_model, run.tokenizer)
         print(run.evaluation.table(), flush=True)

@@ -83,6 +83,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"stopped: {result.stop_reason}; steps {result.first_step}->{result.last_step} in {result.wall_s:.1f}s; "
         + ("; ".join(written) if result.last_step > result.first_step else "no step finished, nothing saved")
     )
+    _print_where_time_went(trainer, result)
     if result.interrupted:
         print(
             "interrupted: resume with --resume" if result.checkpoint else "interrupted before the first step",
@@ -90,6 +91,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+def _print_where_time_went(trainer: Any, result: Any) -> None:
+    """The run's stages and a mean RL step; a line on stderr when its time budget fitted under half its steps."""
+    print(trainer.clock.summary())
+    budget = trainer.config.budget
+    short = trainer.clock.shortfall(budget.steps, budget.max_time_s, budget.max_run_s)
+    if result.stop_reason == "time budget spent" and short:
+        print(short, file=sys.stderr)
 
 
 def _cmd_bench_async(args: argparse.Namespace) -> int:

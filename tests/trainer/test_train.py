@@ -43,6 +43,13 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     assert 0 < rows[0]["trainer_cpu_s"] <= rows[1]["trainer_cpu_s"] <= rows[1]["machine_cpu_s"] + 0.05
     assert rows[0]["machine_cpu_s"] <= rows[1]["machine_cpu_s"] and all(0 < r["machine_busy"] <= 1.05 for r in rows)
     assert (tmp_path / "reward_curve.png").stat().st_size > 1000 and list((tmp_path / "tb").iterdir())
+    # where each step's time went (the learner, the push, the wait) and the engine's decode rate in the interval
+    assert all(0 < r["time/learner_s"] <= r["time/learner_s"] + r["time/push_s"] <= r["time/interval_s"] for r in rows)
+    assert all(r["time/wait_s"] <= r["time/interval_s"] and r["time/generate_s"] > 0 for r in rows)
+    assert rows[0]["engine/decode_tokens_per_s"] > 0 and rows[0]["engine/busy_s"] > 0
+    stages = json.loads((tmp_path / "stages.json").read_text())
+    assert list(stages["stages_s"]) == ["engine start", "rl"] and stages["rl_steps"] == 2
+    assert stages["rl_steps_per_minute"] > 0 and stages["rl_step_means"]["time/learner_s"] > 0
     ckpt = latest_checkpoint(tmp_path)
     assert ckpt.step == 2 and (ckpt.path / "model.safetensors").exists() and (ckpt.path / "optimizer.pt").exists()
     assert ckpt.state["queue"]["version"] == 2 and ckpt.state["queue"]["consumed"] == 4

@@ -28,6 +28,7 @@ from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.embedded.prefix_cache import PrefixCache
 from envhub.trainer.engines.embedded.sampler import sample_next
 from envhub.trainer.engines.embedded.scheduler import IDLE_PREFILL_TOKENS, EngineStats, Request, Scheduler
+from envhub.trainer.engines.embedded.threads import apply_threads, threads_setting
 from envhub.trainer.engines.weights import load_state
 
 __all__ = ["EngineStats", "EmbeddedEngine", "PauseMode"]
@@ -41,7 +42,9 @@ class EmbeddedEngine(InferenceEngine):
 
     `dtype` casts the model in place ("auto": bf16 where the device has bf16 units, else fp32; None keeps its
     dtype). `kv_cache_mb` bounds the KV cache: requests wait while it is full and one that could never fit is
-    refused. `cuda_graphs` (default: on for CUDA) replays the decode step from captured graphs.
+    refused. `cuda_graphs` (default: on for CUDA) replays the decode step from captured graphs. `threads` (CPU):
+    the torch threads of each model step, "auto" (`ThreadRule`: the free cores, re-read every step), a number, a
+    callable, or 0 for torch's own count.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class EmbeddedEngine(InferenceEngine):
         dtype: Any = None,
         kv_cache_mb: float = 2048.0,
         cuda_graphs: bool | None = None,
+        threads: Any = "auto",
     ) -> None:
         device = next(model.parameters()).device
         if dtype is not None:
@@ -80,6 +84,7 @@ class EmbeddedEngine(InferenceEngine):
             max_tokens=self.max_positions,
             static=graphs,
         )
+        self.threads = threads_setting(threads) if device.type == "cpu" else None
         self.runner = ModelRunner(model, self.cache)
         self.decode_step = DecodeStep(self.runner, graphs=graphs)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -220,6 +225,8 @@ class EmbeddedEngine(InferenceEngine):
         """Admit, then one prefill chunk (alternating with decode while rows run) or one decode step; sample one
         token per row that got logits; returns finished requests."""
         scheduler, started = self.scheduler, time.perf_counter()
+        if self.threads is not None:
+            scheduler.stats.thread_changes += apply_threads(self.threads())
         with torch.inference_mode():
             scheduler.admit()
             prefill = scheduler.prefill_due()

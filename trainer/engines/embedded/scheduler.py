@@ -45,6 +45,7 @@ class EngineStats:
     prefill_s: float = 0.0  # wall seconds in prefill steps (sampling included)
     decode_s: float = 0.0  # wall seconds in decode steps (sampling included)
     decode_kv_tokens: int = 0  # cached tokens read by decode steps (for bytes-per-step figures)
+    thread_changes: int = 0  # times the thread rule changed the compute thread's torch threads
     _prefills_in_a_row: int = 0
 
     @property

@@ -1,0 +1,73 @@
+"""The run's core-sharing rule: a learner step beside generation takes its share and leaves the rest to the engine;
+alone it takes every core; fixed counts are honoured and bad ones refused."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from envhub.errors import ConfigError
+from envhub.trainer.run.cores import CoreShare
+
+
+def in_new_thread(fn):
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn()))
+    thread.start()
+    thread.join()
+    return out["value"]
+
+
+def test_by_default_a_learner_step_and_the_engine_each_take_every_core():
+    share = CoreShare(cores=8)
+    share._rule.load = None
+    during = {}
+
+    def step():
+        during["learner"], during["engine"] = torch.get_num_threads(), share.engine_threads()
+
+    in_new_thread(lambda: share.learner_step(step, generating=lambda: True)())
+    assert during == {"learner": 8, "engine": 8}  # one process: OpenMP shares the cores between the two teams
+
+
+def test_a_learner_share_beside_generation_leaves_the_engine_the_rest():
+    share = CoreShare(learner_threads=4, cores=8)
+    share._rule.load = None  # this machine's own load is not what this test is about
+    during = {}
+
+    def step():
+        during["learner"], during["engine"] = torch.get_num_threads(), share.engine_threads()
+        return "stepped"
+
+    assert share.engine_threads() == 8
+    assert in_new_thread(lambda: share.learner_step(step, generating=lambda: True)()) == "stepped"
+    assert during == {"learner": 4, "engine": 4}
+    assert share.engine_threads() == 8  # the step is over: every core back to the engine
+
+
+def test_a_learner_step_with_nothing_generating_takes_every_core():
+    share = CoreShare(cores=2)
+    share._rule.load = None
+    during = {}
+
+    def step():
+        during["learner"] = torch.get_num_threads()
+
+    in_new_thread(lambda: share.learner_step(step, generating=lambda: False)())
+    assert during["learner"] == 2 and share.engine_threads() == 2
+
+
+def test_fixed_counts_are_kept_and_described():
+    share = CoreShare(learner_threads=3, engine_threads=1, cores=4)
+    assert share.engine_threads() == 1 and share.learner_beside == 3
+    assert "1 threads (engine.threads)" in share.describe() and "learner 3 threads" in share.describe()
+
+
+@pytest.mark.parametrize("field", ["learner_threads", "engine_threads"])
+def test_a_negative_or_fractional_count_is_refused_naming_the_setting(field):
+    for bad in (-1, 1.5):
+        with pytest.raises(ConfigError, match=field.replace("_threads", ".threads")) as caught:
+            CoreShare(**{field: bad})
+        assert "rule" in caught.value.hint

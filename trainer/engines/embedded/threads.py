@@ -1,0 +1,93 @@
+"""How many threads the embedded engine's torch work runs on: the cores it may use, less the cores other work keeps
+busy, re-read before every model step.
+
+Why it matters on a CPU: each torch op runs on an OpenMP team of `torch.get_num_threads()` threads that meet at a
+barrier at its end, some 400 times per SmolLM2 decode step. A team as large as the machine is the fastest while
+nothing else runs. Once another CPU-bound process (or the learner, in the same process) takes a share of the cores,
+the team's threads are descheduled in turn and every barrier waits, spinning, for the one that is not running: on 2
+cores the engine kept 22% of its quiet decode rate beside one CPU-bound process (28 tokens per CPU second against
+67 quiet: the CPU it got went into waiting), while vLLM (one OpenMP thread bound per core it keeps, a core left to
+its scheduler: one thread on 2 cores) kept all of its rate. A team no larger than the cores left free has no such
+wait: on 1 thread the engine kept 75%. Figures and the rule the trainer applies: docs/engines.md, "Sharing the
+cores".
+
+`ThreadRule()` is the engine's default (`threads="auto"`): the CPUs of this process's affinity mask, less
+`reserved()` (the trainer reserves the learner's threads while a learner step runs), less the cores other processes
+kept busy over the last second or so, at least 1.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+from envhub.errors import EngineError
+from envhub.trainer.run.cpu_usage import cpu_times
+
+
+class OtherLoad:
+    """Cores kept busy by other processes (the machine's busy CPU time less this process's), smoothed."""
+
+    def __init__(self, interval_s: float = 0.5, smoothing: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.smoothing = smoothing  # weight of the newest interval
+        self._last = cpu_times()
+        self.cores = 0.0
+
+    def update(self) -> float:
+        """The current estimate; re-measured when `interval_s` has passed since the last measurement."""
+        now = cpu_times()
+        wall = now[0] - self._last[0]
+        if wall >= self.interval_s:
+            others = max(0.0, (now[2] - self._last[2]) - (now[1] - self._last[1])) / wall
+            self.cores += self.smoothing * (others - self.cores)
+            self._last = now
+        return self.cores
+
+
+class ThreadRule:
+    """Threads for the engine's next model step (see the module docstring)."""
+
+    def __init__(
+        self,
+        cores: int | None = None,
+        reserved: Callable[[], int] | None = None,
+        watch_load: bool = True,
+    ) -> None:
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self.reserved = reserved or (lambda: 0)
+        self.load = OtherLoad() if watch_load else None
+
+    def __call__(self) -> int:
+        busy = round(self.load.update()) if self.load is not None else 0
+        return max(1, self.cores - self.reserved() - busy)
+
+    def describe(self) -> str:
+        return f"{self.cores} cores, less the learner's while it steps" + (
+            " and the cores other processes keep busy" if self.load is not None else ""
+        )
+
+
+def apply_threads(wanted: int) -> bool:
+    """Set this thread's torch thread count to `wanted`; True when it changed."""
+    if wanted < 1 or wanted == torch.get_num_threads():
+        return False
+    torch.set_num_threads(wanted)
+    return True
+
+
+def threads_setting(value: int | str | Callable[[], int] | None) -> Callable[[], int] | None:
+    """The engine's `threads` argument as a callable: "auto" (or None) -> ThreadRule(), N -> always N, 0 -> leave
+    torch's count alone."""
+    if value is None or value == "auto":
+        return ThreadRule()
+    if callable(value):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None if value == 0 else (lambda: value)
+    raise EngineError(
+        f"engine threads must be auto, 0 or a positive number, got {value!r}",
+        hint="auto shares the cores by the rule in docs/engines.md; 0 keeps torch's own count",
+    )

@@ -1,0 +1,95 @@
+"""How a run shares the machine's cores between the learner, the engine and the envs: one rule, per stage.
+
+A torch op on the CPU runs on an OpenMP team of the calling thread's `torch.get_num_threads()` threads. A team
+whose threads another *process* deschedules waits at each of its barriers and burns its share spinning (the engine
+kept 22% of its decode rate beside one CPU-bound process with 2 threads, 75% with 1: docs/engines.md, "Sharing the
+cores"). Inside one process GNU OpenMP sees every team: once they hold more threads than CPUs, idle workers sleep
+instead of spinning, and the learner and the engine share the cores well without a split (a learner step beside
+generation: 22.6 s with the engine at 90.7 tokens/s, both on 2 threads; split 1 + 1: 21.4 s and 46.5 tokens/s).
+
+The rule, per stage:
+- evaluation (the engine alone): the engine takes every core other processes leave free;
+- SFT (the learner alone): the learner takes every core;
+- RL: the learner takes every core (`learner.threads` N: N threads for a step begun while episodes are generated,
+  and the engine leaves it those N); the engine takes every core other processes leave free, re-measured as it
+  runs; learner and engine overlap in one process, where OpenMP shares the cores between their teams;
+- envs run on the event loop and in sandboxes (other processes) with no torch threads of their own: the cores
+  other processes keep busy (sandboxes, dockerd, anything else on the machine) come off the engine's share.
+
+Free cores are this process's affinity mask. `engine.threads` / `learner.threads` fix either number (0: the rule).
+The Trainer prints the rule at start (`describe`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from envhub.errors import ConfigError
+from envhub.trainer.engines.embedded.hardware import release_openmp_workers
+from envhub.trainer.engines.embedded.threads import ThreadRule, apply_threads
+
+T = TypeVar("T")
+
+
+class CoreShare:
+    """The run's thread rule (module docstring); `engine_threads` is the engine's `threads` callable."""
+
+    def __init__(self, learner_threads: int = 0, engine_threads: int = 0, cores: int | None = None) -> None:
+        for name, value in (("learner.threads", learner_threads), ("engine.threads", engine_threads)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(
+                    f"{name} must be 0 (the rule in docs/engines.md) or a number of threads, got {value!r}",
+                    hint=f"remove {name} to let the run share the cores by its rule",
+                )
+        self.cores = cores or len(os.sched_getaffinity(0))
+        self.learner_beside = min(learner_threads, self.cores) if learner_threads else self.cores
+        self.fixed_engine = engine_threads
+        self._stepping = 0  # the learner's threads while one of its steps runs, else 0
+        self._rule = ThreadRule(self.cores, reserved=lambda: self._stepping)
+
+    @classmethod
+    def from_config(cls, config: Any) -> CoreShare:
+        return cls(config.learner.threads, config.engine.threads)
+
+    def engine_threads(self) -> int:
+        """Threads for the engine's next model step."""
+        return self.fixed_engine or self._rule()
+
+    def attach(self, engine: Any) -> None:
+        """Let the rule set the threads of `engine`'s model steps (engines with a `threads` setting: embedded)."""
+        target = getattr(engine, "inner", engine)
+        if getattr(target, "threads", None) is not None:
+            target.threads = self.engine_threads
+
+    def learner_step(self, fn: Callable[..., T], generating: Callable[[], bool]) -> Callable[..., T]:
+        """`fn` run as a learner step under the rule; `generating()` says whether episodes are being generated."""
+
+        @functools.wraps(fn)
+        def step(*args: Any, **kwargs: Any) -> T:
+            threads = self.learner_beside if generating() else self.cores
+            apply_threads(threads)
+            self._stepping = threads if threads < self.cores else 0
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._stepping = 0
+                release_openmp_workers()  # the engine decoding in between has the cores' OpenMP threads to itself
+
+        return step
+
+    def describe(self) -> str:
+        engine = (
+            f"{self.fixed_engine} threads (engine.threads)"
+            if self.fixed_engine
+            else f"the cores other processes leave free (of {self.cores})"
+            + (f", less the learner's {self.learner_beside} while it steps" if self.learner_beside < self.cores else "")
+        )
+        return (
+            f"cores: {self.cores}; learner {self.learner_beside} threads beside generation, {self.cores} alone; "
+            f"engine {engine}; torch threads now {torch.get_num_threads()} (docs/engines.md, Sharing the cores)"
+        )
