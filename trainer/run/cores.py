@@ -23,7 +23,6 @@ The Trainer prints the rule at start (`describe`).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,7 +30,7 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.engines.embedded.hardware import release_openmp_workers
-from envhub.trainer.engines.embedded.threads import ThreadRule, apply_threads
+from envhub.trainer.engines.embedded.threads import ThreadRule, apply_threads, usable_cores
 
 T = TypeVar("T")
 
@@ -46,7 +45,7 @@ class CoreShare:
                     f"{name} must be 0 (the rule in docs/engines.md) or a number of threads, got {value!r}",
                     hint=f"remove {name} to let the run share the cores by its rule",
                 )
-        self.cores = cores or len(os.sched_getaffinity(0))
+        self.cores = cores or usable_cores()
         self.learner_beside = min(learner_threads, self.cores) if learner_threads else self.cores
         self.fixed_engine = engine_threads
         self._stepping = 0  # the learner's threads while one of its steps runs, else 0

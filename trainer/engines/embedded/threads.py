@@ -56,9 +56,9 @@ class ThreadRule:
         reserved: Callable[[], int] | None = None,
         watch_load: bool = True,
     ) -> None:
-        self.cores = cores or len(os.sched_getaffinity(0))
+        self.cores = cores or usable_cores()
         self.reserved = reserved or (lambda: 0)
-        self.load = OtherLoad() if watch_load else None
+        self.load = OtherLoad() if watch_load and os.path.exists("/proc/stat") else None  # Linux: /proc/stat
 
     def __call__(self) -> int:
         busy = round(self.load.update()) if self.load is not None else 0
@@ -68,6 +68,12 @@ class ThreadRule:
         return f"{self.cores} cores, less the learner's while it steps" + (
             " and the cores other processes keep busy" if self.load is not None else ""
         )
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return len(getaffinity(0)) if getaffinity is not None else os.cpu_count() or 1
 
 
 def apply_threads(wanted: int) -> bool:
