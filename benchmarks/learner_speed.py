@@ -175,14 +175,14 @@ def main() -> None:
     args = parser.parse_args()
 
     from envhub.trainer.config import load_config
-    from envhub.trainer.engines.embedded.threads import threads_setting
+    from envhub.trainer.engines.embedded.threads import threads_setting, usable_cores
     from envhub.trainer.learner.step import Learner
     from envhub.trainer.models import build_policy
     from envhub.trainer.run.cores import CoreShare
 
     config = load_config(args.config)
     config.algorithm.max_initial_kl = 0.0  # random ids: the behaviour logprobs are placeholders
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     peak = {"bf16": round(matmul_tflops(torch.bfloat16), 3), "fp32": round(matmul_tflops(torch.float32), 3)}
     model, tokenizer = build_policy(config.model, config.seed)
     learner = Learner.from_config(config, model, tokenizer, None)

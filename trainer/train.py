@@ -87,7 +87,6 @@ class _Run:
     metrics: MetricsLogger
     producer: GroupProducer
     timer: StepTimer
-    rl_started: float = 0.0  # the time budget counts from here: after the evaluations, SFT and the engine's start
     evaluation: BeforeAfter | None = None
     eval_model: Any = None  # a plain copy for the final evaluation (the learner's may be LoRA-wrapped or sharded)
     step: int = 0
@@ -146,7 +145,7 @@ class Trainer:
             if (stopped := stop_error(failure, self.out_dir, None)) is failure:
                 raise
             raise stopped from failure
-        run.rl_started = self.clock.start_rl()
+        self.clock.start_rl()  # RL's time budget counts from here: after the evaluations, SFT and the engine's start
         producing = asyncio.create_task(run.producer.run())
         try:
             await self._train_until_stopped(run, producing)
@@ -309,7 +308,8 @@ class Trainer:
 
     def _out_of_time(self, run: _Run) -> bool:
         budget, now = self.config.budget, time.monotonic()  # max_time_s: RL's own; max_run_s: the whole run's cap
-        if (budget.max_time_s and now - run.rl_started > budget.max_time_s) or (
+        rl_started = self.clock.rl_started or now
+        if (budget.max_time_s and now - rl_started > budget.max_time_s) or (
             budget.max_run_s and now - run.started > budget.max_run_s
         ):
             self.stop_reason = "time budget spent"

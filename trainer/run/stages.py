@@ -47,10 +47,9 @@ class StageClock:
             self.stages[name] = round(time.monotonic() - started, 1)
             self.write()
 
-    def start_rl(self) -> float:
-        """Mark RL's start; returns it (the time budget counts from here)."""
+    def start_rl(self) -> None:
+        """Mark RL's start (the time budget counts from here)."""
         self.rl_started = time.monotonic()
-        return self.rl_started
 
     def end_rl(self, steps: int, rows: list[dict[str, Any]]) -> None:
         """RL is over after `steps` steps of this process; `rows` are their metrics rows."""

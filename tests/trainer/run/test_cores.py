@@ -3,21 +3,12 @@ alone it takes every core; fixed counts are honoured and bad ones refused."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.run.cores import CoreShare
-
-
-def in_new_thread(fn):
-    out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("value", fn()))
-    thread.start()
-    thread.join()
-    return out["value"]
+from tests.trainer.engines.embedded.test_compute_thread import in_new_thread
 
 
 def test_by_default_a_learner_step_and_the_engine_each_take_every_core():

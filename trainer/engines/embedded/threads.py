@@ -19,6 +19,7 @@ kept busy over the last second or so, at least 1.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -37,10 +38,13 @@ class OtherLoad:
         self.cores = 0.0
 
     def update(self) -> float:
-        """The current estimate; re-measured when `interval_s` has passed since the last measurement."""
+        """The current estimate; re-measured when `interval_s` has passed since the last measurement (the kernel's
+        counters are read only then: this runs before every model step)."""
+        if time.monotonic() - self._last[0] < self.interval_s:
+            return self.cores
         now = cpu_times()
         wall = now[0] - self._last[0]
-        if wall >= self.interval_s:
+        if wall > 0:
             others = max(0.0, (now[2] - self._last[2]) - (now[1] - self._last[1])) / wall
             self.cores += self.smoothing * (others - self.cores)
             self._last = now
