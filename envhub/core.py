@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import inspect
+import json
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar
@@ -87,6 +89,16 @@ _background = _BackgroundLoop()
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from sync code, on envhub's shared background loop."""
     return _background.run(coro)
+
+
+def state_digest(value: Any, size: int = 8) -> str:
+    """A short hex digest of plain data (its canonical JSON, keys sorted) or of bytes, the same in every process.
+
+    For anchors (`AgentEnv.anchor`) naming a large state (a map, a grid encoding, a page's parameters) in a few
+    characters; sets must come as sorted lists, since JSON has no order-free container.
+    """
+    data = value if isinstance(value, bytes) else json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(data, digest_size=size).hexdigest()
 
 
 def _takes_render_mode(init: Callable[..., Any]) -> bool:
@@ -209,6 +221,15 @@ class AgentEnv(TextRender, gym.Env[str, str]):
         await self.aclose()
 
     # -- helpers for subclasses -------------------------------------------------------------
+    def anchor(self) -> str | None:
+        """The exact state the next action acts in, as a short key that envs put in `info["anchor"]`; None: no exact
+        state to name (the trainer then hashes the observation).
+
+        Equal keys mean equal futures given the same action; no turn counter, clock or history order goes in
+        (docs/authoring.md, "Anchor states for step-level credit"). `ToolEnv` adds it to every info itself.
+        """
+        return None
+
     def base_info(self, **extra: Any) -> dict[str, Any]:
         """The reset `info` every env returns: system prompt and tool schemas, plus `extra`."""
         return {"system_prompt": self.system_prompt, "tools": [t.schema for t in self.tools], **extra}

@@ -9,6 +9,10 @@ Rewards: the game's result for the agent's seat when it ends (+1 win, 0 draw, -1
 chips won, +-1 or +-2). An illegal or unreadable move changes nothing on the board, costs
 `illegal_penalty` (0.1) and returns an observation listing the legal moves; after `max_illegal`
 (3) in a row the agent forfeits: the episode ends with reward -1.
+
+`info["anchor"]` is the agent's seat and the game's anchor for it (the position it may know, whose turn), when
+the game gives one (envhub's turn games do; TextArena's do not). It leaves out the streak of illegal moves, a
+count of wasted turns like a step limit, so an illegal move keeps the anchor as it was.
 """
 
 from __future__ import annotations
@@ -204,7 +208,16 @@ class SelfPlay(AgentEnv):
         prefix = f"Your opponent played {', '.join(opponent_moves)}.\n" if opponent_moves else ""
         return prefix + self.game.observe_text(self.seat)
 
+    def anchor(self) -> str | None:
+        """The agent's seat and the game's anchor for it; None when the game gives none."""
+        game_anchor = self.game.anchor(self.seat) if hasattr(self.game, "anchor") else None
+        return None if game_anchor is None else f"seat={self.seat}|{game_anchor}"
+
     def _info(self, opponent_moves: list[str]) -> dict[str, Any]:
+        anchor = self.anchor()
+        return self._game_info(opponent_moves) | ({} if anchor is None else {"anchor": anchor})
+
+    def _game_info(self, opponent_moves: list[str]) -> dict[str, Any]:
         if self.free_text:
             outcome = self.game.outcome()
             mine = outcome is None and self.game.current_seat() == self.seat

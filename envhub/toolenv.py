@@ -207,7 +207,7 @@ class ToolEnv(AgentEnv):
         obs, extra = started if isinstance(started, tuple) else (started, {})
         self._active = True
         self.last_observation = obs = printable(obs)
-        return obs, self.base_info(**extra)
+        return obs, self._with_anchor(self.base_info(**extra))
 
     async def astep(self, action: str | dict[str, Any]) -> StepResult:
         if not self._active:
@@ -232,6 +232,7 @@ class ToolEnv(AgentEnv):
         ending = self._ending
         obs = printable(await _maybe_await(self.observe(text)))
         info.update(await _maybe_await(self.step_info()))
+        self._with_anchor(info)
         reward = self._step_reward
         if ending is not None:
             info.update(ending.info)
@@ -267,6 +268,13 @@ class ToolEnv(AgentEnv):
             )
         summary = [{"name": r.call.name, "ok": r.ok, "timed_out": r.timed_out} for r in results]
         return text, summary
+
+    def _with_anchor(self, info: dict[str, Any]) -> dict[str, Any]:
+        """`info` with the env's `anchor()` under "anchor", when it gives one."""
+        anchor = self.anchor()
+        if anchor is not None:
+            info["anchor"] = anchor
+        return info
 
     def _default_no_call_message(self) -> str:
         names = [t.name for t in self.tools]

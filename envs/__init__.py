@@ -57,6 +57,14 @@ def register_builtin_envs() -> None:
         source="envhub",
     )
     register(
+        "Corridor-v0",
+        "envhub.envs.corridor:CorridorEnv",
+        max_episode_steps=64,
+        tags=("toy", "credit", "single-agent"),
+        description="Walk down a corridor; only arrival is rewarded. The positive control of step-level credit.",
+        source="envhub",
+    )
+    register(
         "WebShop-v0",
         "envhub.envs.web.env:WebShopEnv",
         max_episode_steps=20,

@@ -3,6 +3,9 @@
 Maps come from the seed (holes drawn with probability `hole_fraction`, redrawn until a path from
 start to goal exists). On slippery ice a move goes the intended way with probability 1/3 and to
 each perpendicular side with 1/3, as in gymnasium's FrozenLake; moving off the edge stays put.
+
+The anchor (`info["anchor"]`) is a digest of the map (and of the ice: slippery or not) and the player's square,
+e.g. `map=5be0d7c1a2f3e499|pos=1,2`; a hole or the goal has one too (the episode is over there).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import random
 from collections import deque
 from typing import Any, Literal
 
+from envhub.core import state_digest
 from envhub.envs.directions import DIRECTIONS, GridToolEnv
 from envhub.errors import ResetNeeded
 from envhub.tools import tool
@@ -26,8 +30,8 @@ class FrozenLakeEnv(GridToolEnv):
 
     Reward: 1.0 on reaching the goal, 0.0 otherwise (falling into a hole ends the episode with 0.0).
     With `slippery=True` each move goes the intended way with probability 1/3 and to either side
-    with 1/3 each. `info` carries `success`, `fell`, `position` (row, col), `invalid_action` and,
-    on slippery ice, `slipped`.
+    with 1/3 each. `info` carries `success`, `fell`, `position` (row, col), `invalid_action`, `anchor`
+    and, on slippery ice, `slipped`.
 
     `spaced=True` draws the grid with a space between cells ("P F H"). Compact rows ("PFH") are what gymnasium's
     FrozenLake prints, but a BPE tokenizer merges them into multi-cell tokens (SmolLM2: "PFF" -> "P", "FF"), so a
@@ -63,6 +67,7 @@ class FrozenLakeEnv(GridToolEnv):
         self.render_mode = render_mode
         self.grid: list[str] = []
         self.position: Cell | None = None
+        self._map_digest = ""
         self._policy: dict[Cell, str] | None = None
         self._values: dict[Cell, float] = {}
         self._moved_at = 0  # the step whose action made a move (others were invalid)
@@ -111,6 +116,7 @@ class FrozenLakeEnv(GridToolEnv):
                 f"hole_fraction={self.hole_fraction}"
             )
         self.position, self._policy, self._moved_at = (0, 0), None, 0
+        self._map_digest = state_digest([self.grid, self.slippery])
         obs = f"A new {self.size}x{self.size} lake{' (slippery ice!)' if self.slippery else ''}.\n{self.render_text()}"
         return obs, self._info(invalid=False)
 
@@ -119,6 +125,12 @@ class FrozenLakeEnv(GridToolEnv):
         if self.slippery and self._moved_at == self.steps:
             info["slipped"] = self._slipped
         return info
+
+    def anchor(self) -> str | None:
+        """The map's digest and the player's square."""
+        if self.position is None:
+            return None
+        return f"map={self._map_digest}|pos={self.position[0]},{self.position[1]}"
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         r, c = self.position  # type: ignore[misc]

@@ -4,6 +4,12 @@ A light sandboxed tool task (the same `bash` / `submit` tools and sandbox pool a
 can learn on a CPU: the file and question come from the seed; the answer is exact. Two questions:
 how many lines contain a given word (`grep -c -w WORD notes.txt`) and how many lines the file has
 (`wc -l < notes.txt`). Reward 1.0 for submitting the right number, else 0.0.
+
+The anchor (`info["anchor"]`, a digest of the question and the file) is given while the sandbox is as `setup()`
+left it: at reset, and after turns that ran no command (a reply without a tool call, a malformed one). Once a
+`bash` command has run, the state is the sandbox's whole filesystem, which a command may change in ways the env
+cannot see short of reading it all back; the anchor is then left out, and the trainer hashes the observation.
+The step that submits ends the episode and has none either.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from envhub.core import state_digest
 from envhub.errors import ConfigError
 from envhub.toolcalls import ToolCall, ToolResult
 from envhub.toolenv import SandboxSpec, SandboxToolEnv
@@ -55,6 +62,7 @@ class ShellQuizEnv(SandboxToolEnv):
         self.answer: int | None = None
         self.command = ""
         self._ran = False
+        self._task = ""  # digest of the question and the file: the state until a command runs
 
     async def setup(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rng = random.Random(int(self.np_random.integers(2**31)))
@@ -69,7 +77,7 @@ class ShellQuizEnv(SandboxToolEnv):
             question = "How many lines does notes.txt have?"
             self.command = "wc -l < notes.txt"
         await self.sandbox.write_file("/workspace/notes.txt", "\n".join(lines) + "\n")
-        self._ran = False
+        self._ran, self._task = False, state_digest([question, lines])
         return f"{question} The file is /workspace/notes.txt.", {"question": question}
 
     def make_context(self) -> ToolContext:
@@ -85,6 +93,11 @@ class ShellQuizEnv(SandboxToolEnv):
         correct = given.lstrip("+").isdigit() and int(given) == self.answer
         observation = "Correct." if correct else f"Wrong: the answer was {self.answer}."
         return ToolResult(call, self.finish(observation, reward=1.0 if correct else 0.0), True)
+
+    def anchor(self) -> str | None:
+        """The task's digest while the sandbox is untouched and the episode goes on; None otherwise."""
+        untouched = self._task and not self._ran and self._ending is None
+        return f"task={self._task}" if untouched else None
 
     def out_of_steps(self) -> str:
         return self.finish("", truncated=True)  # the last observation stands; no note of its own

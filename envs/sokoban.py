@@ -4,6 +4,9 @@ A level is made by carving a room with a random walk, putting the boxes on their
 playing the game backwards (the player pulls boxes) from that solved state. An exact breadth-first
 solver then checks the scrambled level and gives its shortest solution; levels it cannot solve, or
 that are too easy, are thrown away and a new one is drawn.
+
+The anchor (`info["anchor"]`) is the player's square and the boxes' squares, with a digest of the static
+map (walls and targets), e.g. `map=3f09c2aa41d7e5b0|player=2,3|boxes=2,4;4,4`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import random
 from collections import deque
 from typing import Any, Literal
 
+from envhub.core import state_digest
 from envhub.envs.directions import DIRECTIONS, GridToolEnv
 from envhub.errors import ResetNeeded
 from envhub.tools import tool
@@ -30,7 +34,7 @@ class SokobanEnv(GridToolEnv):
     `shaped=True`, each push of a box onto a target also gives +0.1 and each push off one -0.1.
     Invalid moves (into a wall, or pushing a box into a wall or another box) leave the state as it
     is, give 0.0 and say why. `info` carries `success`, `boxes_on_target`, `num_boxes`,
-    `invalid_action` and `player` (row, col).
+    `invalid_action`, `player` (row, col) and `anchor`.
     """
 
     system_prompt = (
@@ -75,6 +79,7 @@ class SokobanEnv(GridToolEnv):
         self.targets: frozenset[int] = frozenset()
         self.state: State | None = None
         self.optimal_length = 0
+        self._map_digest = ""  # walls and targets: fixed for the level, so digested once at reset
         self._moved_at = 0  # the step whose action moved the player (others were invalid)
 
     # -- episode -------------------------------------------------------------------------------
@@ -122,11 +127,21 @@ class SokobanEnv(GridToolEnv):
                 f"solution of at least {self.min_solution_length} moves; lower num_boxes or min_solution_length"
             )
         self._moved_at = 0
+        self._map_digest = state_digest([self.height, self.width, sorted(self.walls), sorted(self.targets)])
         obs = "New Sokoban level.\n" + self.render_text()
         return obs, {**self._info(invalid=False), "optimal_length": self.optimal_length}
 
     def step_info(self) -> dict[str, Any]:
         return self._info(invalid=self._moved_at != self.steps)
+
+    def anchor(self) -> str | None:
+        """The map's digest, the player's square and the boxes' squares (row,col; boxes sorted)."""
+        if self.state is None:
+            return None
+        player, boxes = self.state
+        cells = ";".join(f"{r},{c}" for r, c in sorted(divmod(box, self.width) for box in boxes))
+        row, col = divmod(player, self.width)
+        return f"map={self._map_digest}|player={row},{col}|boxes={cells}"
 
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         player, boxes = self.state  # type: ignore[misc]

@@ -4,6 +4,11 @@ The hidden word is drawn from the seed out of a word list shipped with the packa
 (`data/wordle_words.txt`); guesses must come from the same list. Feedback follows the real game,
 repeated letters included: greens are marked first, then each remaining letter of the guess is
 yellow only while the hidden word still has an unmatched copy of it.
+
+The anchor (`info["anchor"]`) is what the player knows: the (guess, feedback) pairs so far, sorted, so the same
+guesses in another order give the same anchor (`guesses=crane:--Y-G;moist:-----`); the pairs are kept as a
+multiset, as each guess, repeated or not, uses one up. The hidden word stays out of it: a digest of one of a few
+thousand words is no secret, and the episodes a trainer groups share their seed, hence their word.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ class WordleEnv(AgentEnv):
     Reward: 1.0 when the word is guessed (the episode ends), else 0.0; running out of guesses ends
     the episode with 0.0. Guesses that are not five letters or not in the word list get an
     explanation and do not use up a guess. `info` carries `success`, `guesses_used`,
-    `guesses_left`, `invalid_action` and `history` (list of [guess, feedback]).
+    `guesses_left`, `invalid_action`, `history` (list of [guess, feedback]) and `anchor`.
     """
 
     tools = (guess,)
@@ -219,6 +224,10 @@ class WordleEnv(AgentEnv):
             return None, f"{word.upper()} is not in the word list; try another common five-letter English word."
         return word, ""
 
+    def anchor(self) -> str | None:
+        """The (guess, feedback) pairs so far, sorted: the knowledge state, whatever order the guesses came in."""
+        return "guesses=" + ";".join(sorted(f"{word}:{marks}" for word, marks in self.history))
+
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         return {
             "success": bool(self.history) and self.history[-1][0] == self._answer,
@@ -226,6 +235,7 @@ class WordleEnv(AgentEnv):
             "guesses_left": self._left(),
             "invalid_action": invalid,
             "history": [[g, f] for g, f in self.history],
+            "anchor": self.anchor(),
         }
 
     # -- rendering -----------------------------------------------------------------------------

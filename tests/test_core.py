@@ -121,3 +121,13 @@ def test_unicode_text_space_accepts_any_text_utf8_can_carry():
     assert not space.contains("x" * 21)
     assert space.contains(space.sample())
     assert run_sync(asyncio.sleep(0, result=5)) == 5
+
+
+def test_state_digest_is_short_canonical_and_tells_states_apart():
+    from envhub.core import state_digest
+
+    assert state_digest({"b": [1, 2], "a": "x"}) == state_digest({"a": "x", "b": [1, 2]})  # key order is not state
+    assert len(state_digest([1, 2])) == 16 and state_digest([1, 2]) != state_digest([2, 1])
+    assert state_digest(b"grid bytes") != state_digest("grid bytes") and len(state_digest(b"x", size=4)) == 8
+    with pytest.raises(TypeError):
+        state_digest({1, 2})  # sets have no canonical order in JSON: pass a sorted list

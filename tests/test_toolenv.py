@@ -143,6 +143,30 @@ def test_registered_tool_envs_pass_check_env():
         env.close()
 
 
+class AnchoredCounter(SyncCounter):
+    """SyncCounter naming its state: the total (the target is fixed by the constructor)."""
+
+    def anchor(self):
+        return f"total={self.total}"
+
+
+def test_a_tool_env_puts_its_anchor_in_the_reset_and_every_step_info():
+    env = AnchoredCounter(target=5)
+    assert env.reset(seed=0)[1]["anchor"] == "total=0"
+    assert env.step(call("add", amount=1) + call("add", amount=2))[4]["anchor"] == "total=3"
+    assert env.step("no tool call here")[4]["anchor"] == "total=3"  # a wasted turn changes no state
+    *_, info = env.step(call("done"))
+    assert info["anchor"] == "total=3" and info["total"] == 3  # the final step's info too
+    env.reset(seed=1)
+    assert env.step(call("add", amount=2) + call("add", amount=1))[4]["anchor"] == "total=3"  # another way there
+
+
+def test_a_tool_env_without_an_anchor_leaves_the_key_out():
+    env = SyncCounter()
+    _, info = env.reset(seed=0)
+    assert "anchor" not in info and "anchor" not in env.step(call("add", amount=1))[4]
+
+
 # -- sandboxed tool envs -------------------------------------------------------------------------
 
 

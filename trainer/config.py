@@ -166,18 +166,25 @@ class AlgorithmConfig:
     clip_low: float = 0.2  #: PPO ratio clip below 1
     clip_high: float = 0.28  #: PPO ratio clip above 1 (clip-higher)
     dual_clip: float = 0.0  #: PPO / decoupled: cap a negative-advantage token's loss at c |A| (0 = off, else > 1)
-    scale_std: bool = True  #: divide advantages by the group std
+    scale_std: bool = True  #: divide advantages by the group std (and GiGPO's step-group std)
+    advantage: Literal["grpo", "turn", "gigpo"] = (
+        "grpo"  #: credit assignment: episode-level (grpo) or step-level (docs/trainer.md, "Credit assignment")
+    )
+    gamma: float = 0.95  #: turn / gigpo: discount of later turns' rewards in a turn's return (GiGPO uses 0.95)
+    step_weight: float = 1.0  #: gigpo: weight omega of the step-level advantage beside the episode's (GiGPO: 1)
     kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
     max_staleness: float = 1  #: steps a group may run ahead of the learner (async); 0.5: half a step's groups
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
     tis_cap: float = 2.0  #: truncation C of pi_prox / mu and pi / mu weights: variant tis, decoupled, stale: correct
-    pg_variant: Literal["ppo", "vanilla", "tis", "cispo", "topr", "decoupled"] = (
+    pg_variant: Literal["ppo", "vanilla", "tis", "cispo", "topr", "decoupled", "gspo"] = (
         "ppo"  #: policy-gradient loss (docs/trainer.md, "Policy-gradient variants")
     )
     cispo_eps_low: float = 0.1  #: CISPO: importance weight clipped below at 1 - eps_low (>= 1: no lower bound)
     cispo_eps_high: float = 0.1  #: CISPO: importance weight clipped above at 1 + eps_high
     topr_positive_weight: float = 1.0  #: TOPR: scale of tokens with a positive advantage (plain REINFORCE)
     topr_negative_weight: float = 1.0  #: TOPR: scale of tokens with advantage <= 0 (ratio truncated to [0, 1])
+    gspo_clip_low: float = 3e-4  #: GSPO: the sequence ratio's clip below 1 (the paper's 3e-4)
+    gspo_clip_high: float = 4e-4  #: GSPO: the sequence ratio's clip above 1 (the paper's 4e-4)
     is_correction: ISCorrectionConfig = field(
         default_factory=ISCorrectionConfig
     )  #: train-inference importance weight / mask, composable with any pg_variant
@@ -197,9 +204,18 @@ class AlgorithmConfig:
 
     def validate(self) -> None:
         """Raise ConfigError for policy-gradient constants that cannot work."""
-        for name in ("clip_low", "clip_high", "cispo_eps_low", "cispo_eps_high"):
+        for name in ("clip_low", "clip_high", "cispo_eps_low", "cispo_eps_high", "gspo_clip_low", "gspo_clip_high"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"algorithm.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.gamma <= 1:
+            raise ConfigError(
+                f"algorithm.gamma must be in (0, 1], got {self.gamma}",
+                hint="1 credits every later reward in full; GiGPO uses 0.95",
+            )
+        if self.step_weight < 0:
+            raise ConfigError(
+                f"algorithm.step_weight must be >= 0, got {self.step_weight}", hint="GiGPO uses 1.0 (0 is grpo)"
+            )
         if self.dual_clip and not self.dual_clip > 1:
             raise ConfigError(
                 f"algorithm.dual_clip must be 0 (off) or above 1, got {self.dual_clip}",
@@ -268,6 +284,7 @@ class EvalConfig:
 
     episodes: int = 0  #: episodes per task (seeds seed .. seed+episodes-1); 0 = no evaluation
     seed: int = 1_000_000  #: first held-out seed (training draws its seeds from the mixture's RNG)
+    before: bool = True  #: evaluate the initial policy (before SFT and RL)
     after_sft: bool = True  #: also evaluate between the SFT stage and RL (SFT-only vs SFT+RL)
     temperature: float = 0.0  #: 0 = greedy; > 0 samples (for tasks whose prompt does not vary with the seed)
 

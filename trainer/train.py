@@ -30,6 +30,7 @@ from envhub.trainer.learner.checkpoint import (
     CheckpointError,
     latest_checkpoint,
 )
+from envhub.trainer.learner.credit import credit_signal
 from envhub.trainer.learner.distributed import run_follower, start_learner_processes
 from envhub.trainer.learner.step import Learner
 from envhub.trainer.models import build_policy, copy_as
@@ -203,6 +204,7 @@ class Trainer:
             algo.filter_zero_variance,
             algo.zero_variance_tol,
             algo.max_reward,
+            credit_signal(algo),
         )
         sampler = TaskSampler(cfg.tasks, cfg.seed)
         step = restore_checkpoint(saved, learner, queue, sampler) if saved is not None else 0
@@ -243,7 +245,7 @@ class Trainer:
         """Evaluate before training and run the SFT stage (new runs only); returns the evaluation and its model copy."""
         cfg = self.config
         evaluation = BeforeAfter(cfg, self.out_dir) if cfg.evaluation.episodes and not resuming else None
-        if evaluation is not None:
+        if evaluation is not None and cfg.evaluation.before:
             with self.clock.stage("evaluation before"):
                 await evaluation.measure("before", model, tokenizer)
         if (cfg.sft.data or cfg.sft.collect) and not resuming:

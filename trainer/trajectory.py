@@ -1,11 +1,38 @@
-"""`Trajectory`: one finished episode as the learner sees it (token ids, loss mask, logprobs, reward)."""
+"""`Trajectory`: one finished episode as the learner sees it (token ids, loss mask, logprobs, reward, turns)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 FinishReason = Literal["terminated", "truncated", "max_turns", "max_tokens", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class TurnSpan:
+    """One model turn of an episode, for step-level credit (trainer/learner/credit.py).
+
+    `start`:`end` is the turn's sampled tokens in `Trajectory.input_ids` (loss mask 1); `reward` what the env gave for
+    the turn's action; `anchor` a key of the env state the turn acted in: the env's `info["anchor"]` when it gives
+    one (docs/authoring.md, "Anchor states"), else `obs:` and a digest of the observation text the turn saw.
+    """
+
+    start: int
+    end: int
+    reward: float
+    anchor: str
+
+
+def anchor_key(info: dict[str, Any], observation: Any) -> str:
+    """The anchor of the state a turn acts in: `env:` and the env's `info["anchor"]` (any JSON value, canonicalised),
+    else `obs:` and a digest of the observation text (exact only when the text holds no turn counter or history)."""
+    given = info.get("anchor") if isinstance(info, dict) else None
+    if given is not None:
+        return "env:" + (given if isinstance(given, str) else json.dumps(given, sort_keys=True, default=str))
+    text = observation if isinstance(observation, str) else json.dumps(observation, sort_keys=True, default=str)
+    return "obs:" + hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=12).hexdigest()
 
 
 @dataclass
@@ -32,6 +59,7 @@ class Trajectory:
     turn_log: list[dict[str, Any]] = field(
         default_factory=list
     )  #: per turn: text, tool calls, observation, reward, timings (for the run record)
+    turn_spans: list[TurnSpan] = field(default_factory=list)  #: per model turn: token span, reward, anchor
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -40,6 +68,9 @@ class Trajectory:
                 f"trajectory fields differ in length: ids {n}, mask {len(self.loss_mask)}, "
                 f"logprobs {len(self.behavior_logprobs)}, versions {len(self.versions)}"
             )
+        for span in self.turn_spans:
+            if not 0 <= span.start <= span.end <= n:
+                raise ValueError(f"turn span {span.start}:{span.end} lies outside the trajectory's {n} tokens")
 
     @property
     def num_model_tokens(self) -> int:

@@ -36,6 +36,7 @@ class RunRecord:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     evaluation: Any = None
+    algorithm: dict[str, Any] = field(default_factory=dict)  #: config.json's algorithm section (credit assignment)
     _signature: tuple = ()
     _lock: threading.Lock = field(default_factory=threading.Lock)  # requests refresh from worker threads
 
@@ -45,13 +46,27 @@ class RunRecord:
 
         with self._lock:
             files = [*episode_files(self.run_dir), self.run_dir / "metrics.jsonl", self.run_dir / "eval.json"]
+            files.append(self.run_dir / "config.json")
             signature = _signature(files)
             if signature == self._signature:
                 return
             self.episodes = read_episodes(self.run_dir)
             self.metrics = _read_jsonl(self.run_dir / "metrics.jsonl")
             self.evaluation = _read_json(self.run_dir / "eval.json")
+            config = _read_json(self.run_dir / "config.json")
+            algorithm = config.get("algorithm") if isinstance(config, dict) else None
+            self.algorithm = algorithm if isinstance(algorithm, dict) else {}
             self._signature = signature
+
+    def turn_advantages(self, i: int) -> tuple[str, list[float]]:
+        """The run's estimator and, per model turn of episode `i`, the advantage the learner gives it."""
+        from envhub.trainer.learner.credit import CreditParams, recorded_advantages
+
+        try:
+            params = CreditParams.from_mapping(self.algorithm)
+            return params.advantage, recorded_advantages(self.episodes[i], self.episodes, params)
+        except (TypeError, ValueError):  # a damaged record or config: the page shows the turns without advantages
+            return "", []
 
     def index(self, run: int = 0) -> list[dict[str, Any]]:
         """A one-line summary of each episode, tagged with the run's position."""
@@ -138,7 +153,9 @@ class RunSet:
             return episode_detail_html(None)
         record = self.records[query.episode[0]]
         i = query.episode[1]
-        return episode_detail_html(record.episodes[i] if i < len(record.episodes) else None, record.label)
+        if i >= len(record.episodes):
+            return episode_detail_html(None)
+        return episode_detail_html(record.episodes[i], record.label, *record.turn_advantages(i))
 
     def page(self, template: str, query: ListQuery) -> str:
         """The whole page, rendered for `query`."""

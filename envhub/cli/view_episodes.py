@@ -141,14 +141,16 @@ def episode_list_html(rows: list[dict[str, Any]], labels: list[str], query: List
     )
 
 
-def _turn_html(n: int, turn: dict[str, Any]) -> str:
-    """One log entry: the reset observation, or a model turn and what the env answered."""
+def _turn_html(n: int, turn: dict[str, Any], advantage: str = "") -> str:
+    """One log entry: the reset observation, or a model turn (with its advantage) and what the env answered."""
     if turn.get("kind") == "reset":
         observation = escape(str(turn.get("observation", "")))
         return f'<div class="turn env"><b>Observation (reset)</b><pre>{observation}</pre></div>'
     get = lambda k: turn.get(k, "?")
     timing = f"{get('new_tokens')} tokens in {get('generate_s')}s ({get('engine_finish')})"
     parts = [f'<div class="turn model"><b>Model, turn {n}</b><span class="meta">  {escape(timing)}</span>']
+    if advantage:
+        parts.append(f'<span class="advantage">  {escape(advantage)}</span>')
     parts.append(f"<pre>{escape(str(turn.get('text') or ''))}</pre>")
     for call in turn.get("tool_calls") or []:
         if isinstance(call, dict):
@@ -166,8 +168,11 @@ def _turn_html(n: int, turn: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def episode_detail_html(episode: dict[str, Any] | None, label: str = "") -> str:
-    """The episode section: one episode turn by turn (None: a hint to pick one)."""
+def episode_detail_html(
+    episode: dict[str, Any] | None, label: str = "", estimator: str = "", advantages: list[float] | None = None
+) -> str:
+    """The episode section: one episode turn by turn, each model turn with the advantage `estimator` gives it
+    (None: a hint to pick one)."""
     if episode is None:
         return '<section id="episode"><h2>Episode</h2><div id="detail" class="meta">Pick an episode.</div></section>'
     get = lambda k: escape(str(episode.get(k)))
@@ -180,5 +185,7 @@ def episode_detail_html(episode: dict[str, Any] | None, label: str = "") -> str:
     ]
     log = [t for t in episode.get("log") or [] if isinstance(t, dict)]
     body = "".join(f'<div class="meta">{line.strip()}</div>' for line in meta)
-    body += "".join(_turn_html(n, turn) for n, turn in enumerate(log))
+    labels = iter(f"advantage {a:+.3f} ({estimator})" for a in advantages or [])
+    for n, turn in enumerate(log):  # the advantages follow the turns that recorded a span, in order
+        body += _turn_html(n, turn, next(labels, "") if turn.get("kind") == "turn" and "span" in turn else "")
     return f'<section id="episode"><h2>Episode</h2><div id="detail">{body}</div></section>'

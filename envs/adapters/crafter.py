@@ -16,6 +16,10 @@
   here orders those creatures by kind and position first, so the same seed and actions give the same
   episode in every process.
 - No expert: Crafter has no scripted policy or walkthrough.
+- No anchor (`info["anchor"]`, docs/authoring.md): Crafter's state holds its step count. The daylight follows it,
+  creatures are balanced every tenth step, and the player's hunger, thirst and fatigue counters grow every step,
+  so no two turns share an exact state and an anchor without the count would not be exact; the trainer hashes
+  the observation instead.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ system prompt and tools envhub rollouts expect.
   under bubblewrap (`sandbox_type="bwrap"`) by default, never unsandboxed unless asked.
 - Envs whose data GEM loads from the Hugging Face hub (math, code, qa, eval, logic) are registered
   but fail at `make` with one line: envhub makes no download at run time.
+- No anchor (`info["anchor"]`, docs/authoring.md): each GEM env keeps its state in attributes of its own (a board
+  array, a list of guesses, a turn count next to them), with no common way to read it, so the adapter cannot
+  name an exact state for all of them; the trainer hashes the observation instead.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@
 - Expert (`oracle_action()`, used by `ExpertAgent`): the BabyAI bot on BabyAI levels (fed every step's
   action, so it also advises after a detour), a breadth-first planner over MiniGrid's own state on
   the other ids; None when neither finds a way (`minigrid_expert`).
+- Anchor (`info["anchor"]`): MiniGrid's own state: the agent's square, direction and what it carries, and a digest
+  of the grid's encoding (every object with its colour and door state), the mission and, on BabyAI levels, what
+  the instruction's verifier remembers (subgoals done, what was carried before the last step), e.g.
+  `pos=3,5|dir=0|carrying=key:red|world=4b1d9e0f3a6c2d87`. MiniGrid's step count stays out: the success reward
+  shrinks with it, but a counter in the anchor would make every turn's state unique.
 - The six `MiniGrid-WFC-*` ids are refused with one line: minigrid 3.2.0's wheel lacks their pattern files.
 """
 
@@ -26,7 +31,7 @@ import re
 import warnings
 from typing import Any, ClassVar
 
-from envhub.core import AgentEnv, UnicodeText
+from envhub.core import AgentEnv, UnicodeText, state_digest
 from envhub.envs.adapters.family import (
     AdapterUnavailable,
     CommandMenu,
@@ -103,6 +108,35 @@ def _steps(n: int, word: str) -> str:
     return f"{n} step{'s' if n != 1 else ''} {word}"
 
 
+def _object(obj: Any) -> str:
+    """An object as type:colour (with what a box holds), "" for none."""
+    if obj is None:
+        return ""
+    inside = getattr(obj, "contains", None)
+    return f"{obj.type}:{obj.color}" + (f"({_object(inside)})" if inside is not None else "")
+
+
+def instruction_progress(instr: Any) -> list[list[Any]]:
+    """What a BabyAI instruction's verifier remembers between steps, node by node (depth first); [] for none.
+
+    Sequences keep which part is done (`a_done`, `b_done`), pick-up and put-next clauses what was carried before the
+    last step, clauses of levels with a `done` action whether the last step met them.
+    """
+    if instr is None:
+        return []
+    node = [
+        str(getattr(instr, "a_done", "")),
+        str(getattr(instr, "b_done", "")),
+        bool(getattr(instr, "lastStepMatch", False)),
+        _object(getattr(instr, "preCarrying", None)),
+    ]
+    return [
+        node,
+        *instruction_progress(getattr(instr, "instr_a", None)),
+        *instruction_progress(getattr(instr, "instr_b", None)),
+    ]
+
+
 def system_prompt(actions: tuple[str, ...]) -> str:
     """The instructions for an env whose legal actions are `actions`."""
     return (
@@ -166,7 +200,10 @@ class MiniGridEnv(AgentEnv):
         self._done, self._wasted = False, 0
         self._last = self._text(observation)
         return self._last, self.base_info(
-            mission=str(observation["mission"]), legal_actions=list(self.actions), level_seed=level_seed
+            mission=str(observation["mission"]),
+            legal_actions=list(self.actions),
+            level_seed=level_seed,
+            anchor=self.anchor(),
         )
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -194,7 +231,23 @@ class MiniGridEnv(AgentEnv):
             "progress": 100.0 if success else 0.0,
             "invalid_action": invalid,
             "legal_actions": [] if self._done else list(self.actions),
+            "anchor": self.anchor(),
         }
+
+    def anchor(self) -> str | None:
+        """The agent's square, direction and load, and a digest of the grid, the mission and the verifier's memory."""
+        game = self.game
+        if game.agent_pos is None:
+            return None
+        grid = game.grid.encode()
+        world = [
+            list(grid.shape),
+            state_digest(grid.tobytes()),
+            str(game.mission),
+            instruction_progress(getattr(game, "instrs", None)),
+        ]
+        x, y = (int(v) for v in game.agent_pos)
+        return f"pos={x},{y}|dir={int(game.agent_dir)}|carrying={_object(game.carrying)}|world={state_digest(world)}"
 
     def _text(self, observation: dict[str, Any]) -> str:
         view = describe(observation["image"], int(observation["direction"]), self.game.carrying)

@@ -14,6 +14,10 @@ any other string fills the action schema's string field (the required one, else 
 Reward `null` counts as 0; `done` is `terminated`. Each reset opens a fresh session (WebSocket).
 Speaks the protocol with aiohttp, so it needs no OpenEnv package; registered as `OpenEnv-v0`
 (`envhub.make("OpenEnv-v0", url=...)`) so `envhub train` configs can name it.
+
+No anchor (`info["anchor"]`, docs/authoring.md): the env's state lives in the server, and OpenEnv's `state` message
+returns an episode id and a step count plus whatever fields the server adds, so it names no state exactly; the
+trainer hashes the observation instead.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ One episode is one question: reset shows the question, the first step is graded 
   own `extract_answer` reads it; a reply without tags is graded whole (stripped).
 - Reward: the task's own `score_answer(answer, entry)`, unchanged (1.0 correct, partial credit
   where the task gives it).
+- Anchor (`info["anchor"]`): the question, named by what makes it: the task, a digest of the dataset's config and
+  the item's index, e.g. `task=basic_arithmetic|config=8c02f1d6e9a7b345|index=7`; the graded step's has
+  `|answered` after it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
-from envhub.core import AgentEnv
+from envhub.core import AgentEnv, state_digest
 from envhub.envs.adapters.family import Family, register_family, require, upstream
 from envhub.errors import ConfigError, ResetNeeded
 
@@ -87,7 +90,7 @@ class ReasoningGymEnv(AgentEnv):
                     raise upstream(f"reasoning-gym task {self.task!r}", FAMILY.distribution, exc) from None
         extra = {"skipped_indices": skipped} if skipped else {}
         return self.entry["question"], self.base_info(
-            task=self.task, index=self.index, metadata=self.entry.get("metadata", {}), **extra
+            task=self.task, index=self.index, metadata=self.entry.get("metadata", {}), anchor=self.anchor(), **extra
         )
 
     def _generate(self, index: int) -> dict[str, Any]:
@@ -119,8 +122,13 @@ class ReasoningGymEnv(AgentEnv):
             "extracted_from_tags": tagged is not None,
             "index": self.index,
             "score_error": score_error,
+            "anchor": f"{self.anchor()}|answered",
         }
         return verdict, reward, True, False, info
+
+    def anchor(self) -> str | None:
+        """The task, a digest of the dataset's config (seed and size included) and the item's index."""
+        return f"task={self.task}|config={state_digest(repr(self.dataset.config))}|index={self.index}"
 
     def render_text(self) -> str:
         return "" if self.entry is None else self.entry["question"]

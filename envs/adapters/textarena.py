@@ -14,6 +14,9 @@ wrappers).
 - Games that download NLTK data at import, or call a hosted LLM (OpenRouter) as judge or game
   master, are registered but fail at `make` with one line saying what they need: envhub makes no
   download or network call at run time.
+- No anchor (`info["anchor"]`, docs/authoring.md): TextArena's state is a per-game `game_state` dict next to its
+  turn counter, and many games keep their move history or logs in it, so no game-independent read of it is an
+  exact state without the turn count or the order of moves; the trainer hashes the observation instead.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ challenge requires get envhub defaults (`DEFAULTS`).
 - Expert (`oracle_action()`): the game's walkthrough while the agent follows it (it wins every
   generated game tried); with `online_expert=True`, TextWorld's `policy_commands` from any state
   (costly on big maps: up to 0.1 s a step).
+- Anchor (`info["anchor"]`): a digest of the game (challenge, settings, seed), TextWorld's world state (its set of
+  logical facts, `at(P, kitchen: r)`, `open(fridge: c)`, ...) and the score, won and lost flags, e.g.
+  `world=1f0c3b9a7e5d2468`. These are the state the game's rules, rewards and admissible commands come from; the
+  interpreter's own memory (its move counter, which rooms it described before) is not, and stays out.
 - Licences: textworld is MIT; jericho, which it loads to play games, is GPLv2+ (installed from PyPI,
   never vendored).
 """
@@ -38,7 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
-from envhub.core import AgentEnv, UnicodeText
+from envhub.core import AgentEnv, UnicodeText, state_digest
 from envhub.envs.adapters.family import (
     Family,
     act,
@@ -178,6 +182,7 @@ class TextWorldEnv(AgentEnv):
         self.game: Any = None
         self.state: Any = None
         self.steps, self.taken = 0, []
+        self.game_seed = 0
         self._done, self._last = True, ""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -194,6 +199,7 @@ class TextWorldEnv(AgentEnv):
                 won=True,
                 lost=True,
                 admissible_commands=True,
+                facts=True,
                 moves=True,
                 policy_commands=self.online_expert,
                 extras=["walkthrough"],
@@ -205,7 +211,7 @@ class TextWorldEnv(AgentEnv):
                 self.state = self.game.reset()
         except Exception as exc:
             raise upstream(f"TextWorld's {self.challenge}", FAMILY.distribution, exc) from None
-        self.steps, self.taken, self._done = 0, [], False
+        self.steps, self.taken, self._done, self.game_seed = 0, [], False, game_seed
         objective = str(self.state.objective or "").strip()
         text = _strip_banner(str(self.state.feedback), objective)
         self._last = (f"Objective: {objective}\n\n" if objective else "") + text
@@ -243,7 +249,16 @@ class TextWorldEnv(AgentEnv):
             "success": won,
             "lost": bool(state.lost),
             "legal_actions": [] if self._done else sorted(str(c) for c in state.admissible_commands or []),
+            "anchor": self.anchor(),
         }
+
+    def anchor(self) -> str | None:
+        """A digest of the game, TextWorld's facts about its world, the score and whether it is won or lost."""
+        if self.state is None:
+            return None
+        facts = sorted(str(fact) for fact in self.state.facts or [])
+        game = [self.challenge, self.settings, self.game_seed]
+        return f"world={state_digest([game, facts, self._score(), bool(self.state.won), bool(self.state.lost)])}"
 
     def oracle_action(self) -> str | None:
         """The walkthrough's next command while the agent follows it (with online_expert: TextWorld's policy)."""

@@ -7,9 +7,10 @@ bookkeeping: agent order, rewards, terminations, infos and the action mask.
 
 Observations are dicts: `"text"` is what a language model reads (board, whose turn, legal moves);
 `"observation"` (a numeric encoding) and `"action_mask"` are there because PettingZoo's
-`api_test` requires numeric arrays under those keys. `infos[agent]` repeats the mask and lists the
-legal moves by name. Stepping an illegal action id raises ValueError naming the legal moves
-(`envhub.SelfPlay` turns illegal text moves into observations instead).
+`api_test` requires numeric arrays under those keys. `infos[agent]` repeats the mask, lists the
+legal moves by name and holds `anchor`: the position as that seat may know it and whose turn it is
+(`"board=X.O......|to_move=0"`), never the order the moves came in. Stepping an illegal action id raises
+ValueError naming the legal moves (`envhub.SelfPlay` turns illegal text moves into observations instead).
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ class TurnGame(TextRender, AECEnv):
 
     def board_text(self, seat: int) -> str:
         """The position as seat `seat` may see it."""
+        raise NotImplementedError
+
+    def position(self, seat: int) -> str:
+        """The position as seat `seat` may know it, written exactly and briefly (e.g. "board=X.O......")."""
         raise NotImplementedError
 
     def observe_array(self, seat: int) -> np.ndarray:
@@ -205,6 +210,10 @@ class TurnGame(TextRender, AECEnv):
         """How a seat is called in text."""
         return f"player {seat}"
 
+    def anchor(self, seat: int) -> str:
+        """`infos[agent]["anchor"]`: the position seat `seat` may know and whose turn it is ("over" once decided)."""
+        return f"{self.position(seat)}|to_move={'over' if self.game_over() else self.current_seat()}"
+
     def render_text(self) -> str:
         """The full position (both seats' views for hidden-information games)."""
         return self.board_text(-1)
@@ -215,6 +224,7 @@ class TurnGame(TextRender, AECEnv):
             a: {
                 "action_mask": self.action_mask(a),
                 "legal_moves": moves if a == self.possible_agents[self.current_seat()] else [],
+                "anchor": self.anchor(self.possible_agents.index(a)),
             }
             for a in self.agents
         }

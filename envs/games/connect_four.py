@@ -113,6 +113,9 @@ class ConnectFourEnv(TurnGame):
         ]
         return "\n".join(rows + [" ".join(str(c + 1) for c in range(COLS))])
 
+    def position(self, seat: int) -> str:
+        return "board=" + "".join(DISCS[v] if v != -1 else "." for v in self.cells)
+
     def observe_array(self, seat: int) -> np.ndarray:
         return np.array([0 if v == -1 else 1 if v == seat else 2 for v in self.cells], dtype=np.int8)
 

@@ -5,6 +5,9 @@ player_0 acts first: "check" or "bet" (1 chip); facing a bet a player may "fold"
 Higher card wins at showdown. Reward: the chips won or lost (+-1 or +-2). The equilibrium
 player follows Kuhn's family of Nash strategies (parameter `alpha` in [0, 1/3]); the first
 player's expected winnings against it are -1/18 chip per hand whatever they do best.
+
+A seat's anchor is its information state (its card and the bets), as hidden information must stay hidden: the
+episodes a trainer groups share their seed, hence the deal, so it names their exact state.
 """
 
 from __future__ import annotations
@@ -121,6 +124,11 @@ class KuhnPokerEnv(TurnGame):
                 lines.append(f"Showdown: your opponent had {CARDS[self.cards[1 - seat]]}.")
         lines.append(f"Betting: {self._betting_text()}. Pot: {pot} chips.")
         return "\n".join(lines)
+
+    def position(self, seat: int) -> str:
+        """The seat's own card and the bets so far (their order is the game: check-bet is not bet-check); the other
+        card stays out, so an anchor never tells a seat what it may not see."""
+        return f"card={CARDS[self.cards[seat]]}|bets=" + "".join(("p", "b")[action] for action in self.bets)
 
     def observe_array(self, seat: int) -> np.ndarray:
         encoded = np.zeros(6, dtype=np.int8)

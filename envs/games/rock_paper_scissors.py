@@ -3,6 +3,10 @@
 Both players choose at once each round ("rock", "paper", "scissors", or r/p/s); the text
 observation shows the score and every earlier round. Reward per round: +1 to the winner, -1 to
 the loser, 0 on a tie. The equilibrium player picks uniformly at random.
+
+`infos[agent]["anchor"]` is the rounds played and the score, `rounds=2|score=1:0`: here the round count is the
+state itself (the game ends after `rounds` of them, and nothing else carries over), while the order the rounds
+were won in is history and stays out.
 """
 
 from __future__ import annotations
@@ -103,14 +107,20 @@ class RockPaperScissorsEnv(ParallelEnv):
             lines.append("Game over.")
         return "\n".join(lines)
 
+    def anchor(self) -> str:
+        """The rounds played and the wins of player_0 and player_1 (the same for both seats: no move is hidden)."""
+        wins = [sum(beats(r[seat], r[1 - seat]) for r in self.history) for seat in (0, 1)]
+        return f"rounds={len(self.history)}|score={wins[0]}:{wins[1]}"
+
     def _observations(self) -> dict[str, str]:
         return {a: self.observe_text(i) for i, a in enumerate(self.possible_agents)}
 
     def _infos(self) -> dict[str, dict[str, Any]]:
         open_round = len(self.history) < self.rounds
         mask = np.full(3, int(open_round), dtype=np.int8)
+        anchor = self.anchor()
         return {
-            a: {"action_mask": mask.copy(), "legal_moves": list(MOVES) if open_round else []}
+            a: {"action_mask": mask.copy(), "legal_moves": list(MOVES) if open_round else [], "anchor": anchor}
             for a in self.possible_agents
         }
 

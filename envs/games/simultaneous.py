@@ -98,5 +98,13 @@ class SimultaneousTurns:
         seat = self.current_seat()
         return (int(history[-1][1 - seat]) + 1) % self.num_actions
 
+    def anchor(self, seat: int) -> str | None:
+        """The parallel game's anchor and which seats have sealed a move (not the move: the other seat cannot see it);
+        None when the game gives none."""
+        parallel = getattr(self.parallel, "anchor", None)
+        if parallel is None:
+            return None
+        return f"{parallel()}|sealed={''.join(str(s) for s in sorted(self._sealed))}"
+
     def render_text(self) -> str:
         return self.parallel.observe_text(0)

@@ -98,6 +98,9 @@ class TicTacToeEnv(TurnGame):
             rows.append(f"{r + 1}  " + " ".join(cells))
         return "\n".join(rows)
 
+    def position(self, seat: int) -> str:
+        return "board=" + "".join(MARKS[v] if v != -1 else "." for v in self.board)
+
     def observe_array(self, seat: int) -> np.ndarray:
         # 1 = own mark, 2 = opponent's, 0 = empty: the same picture from either seat
         return np.array([0 if v == -1 else 1 if v == seat else 2 for v in self.board], dtype=np.int8)

@@ -4,6 +4,12 @@ The problem text and its exact answer (a `Fraction`) come from `envhub.envs.math
 final answer in the reply (a `submit` call, `\\boxed{...}`, `<answer>...</answer>`, `Answer: ...`,
 else the last number) and compares it exactly, so `0.5`, `1/2`, `\\frac{1}{2}`, `2/4`, `x = 1/2`
 and `$0.50` all count as the same answer.
+
+The anchor (`info["anchor"]`) is a digest of the problem text, e.g. `problem=0c5e9a41b7d23f86` (`|solved` once
+answered right): every attempt answers the same question, so attempts are compared with each other whichever try
+they were (the attempts left count turns, and anchors leave turn counters out, as GiGPO leaves out time limits).
+The exact answer stays out of the digest, which would otherwise let anyone holding `info` check a guess without
+the env.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from envhub.core import AgentEnv
+from envhub.core import AgentEnv, state_digest
 from envhub.envs.math.problems import GENERATORS, Problem, format_number, generate
 from envhub.errors import ResetNeeded
 from envhub.toolcalls import parse_tool_calls
@@ -111,7 +117,7 @@ class MathEnv(AgentEnv):
     Reward: 1.0 for a correct final answer (the episode ends), 0.0 otherwise. With `attempts` > 1 a
     wrong answer gets "incorrect, try again" until the attempts run out. Replies with no number to
     read are explained and do not use up an attempt. `info` carries `success`, `attempts_left`,
-    `invalid_action`, `kind`, `difficulty` and `parsed_answer`.
+    `invalid_action`, `kind`, `difficulty`, `parsed_answer` and `anchor`.
     """
 
     tools = (submit,)
@@ -229,6 +235,13 @@ class MathEnv(AgentEnv):
             )
         return value, ""
 
+    def anchor(self) -> str | None:
+        """A digest of the problem text (and `solved` once answered right)."""
+        if self.problem is None:
+            return None
+        solved = self._last_answer is not None and self._last_answer == self.problem.answer
+        return f"problem={state_digest(self.problem.question)}" + ("|solved" if solved else "")
+
     def _info(self, *, invalid: bool) -> dict[str, Any]:
         assert self.problem is not None
         return {
@@ -238,6 +251,7 @@ class MathEnv(AgentEnv):
             "kind": self.problem.kind,
             "difficulty": self.difficulty,
             "parsed_answer": None if self._last_answer is None else format_number(self._last_answer),
+            "anchor": self.anchor(),
         }
 
     def render_text(self) -> str:

@@ -3,6 +3,12 @@
 Observations are the served page as text with clickable elements marked `[like this]`; actions are
 `search[query]` (on the page with the search box) and `click[element]`, or the same as tool calls
 `search(query)` / `click(element)`. The episode ends at Buy Now, scored as in WebShop (see scoring.py).
+
+The anchor (`info["anchor"]`) names the page the agent is on as the shop serves it: its path without the session
+(`/`, `/search`, `/item/B0ABC12345`, `/done`) and a digest of everything else it depends on (catalogue, goal,
+query, results page, options selected), read from the URL the way the shop reads it, e.g.
+`page=/item/B0ABC12345|state=9d1e04c7aa3b5f62`. The shop keeps no other state until Buy Now, so two ways to the
+same page (a search typed again, or reached through Back) give the same anchor.
 """
 
 from __future__ import annotations
@@ -12,16 +18,16 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlencode, urljoin
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import aiohttp
 
-from envhub.core import AgentEnv
+from envhub.core import AgentEnv, state_digest
 from envhub.envs.web import browser
 from envhub.envs.web.catalog import Goal, build_catalog, make_goal
 from envhub.envs.web.page import ParsedPage, parse_page
 from envhub.envs.web.search import PAGE_SIZE, search_index
-from envhub.envs.web.shop import ShopServer, acquire_server, release_server
+from envhub.envs.web.shop import ShopServer, acquire_server, page_number, release_server
 from envhub.errors import ConfigError
 from envhub.toolcalls import parse_tool_calls
 from envhub.tools import tool
@@ -48,6 +54,25 @@ def click(element: str) -> str:
         element: the element's label, e.g. "Next >", "B0ABC12345", "size: M" or "Buy Now"
     """
     return element
+
+
+def page_state(url: str) -> dict[str, Any]:
+    """What a shop URL shows, without its session: the path, and on result and product pages the query, the page
+    number and the options selected, each read as the shop's handlers read it."""
+    parts = urlsplit(url)
+    path = re.sub(r"^/s/[^/]+", "", parts.path) or "/"
+    params = {name: values[0] for name, values in parse_qs(parts.query, keep_blank_values=True).items()}
+    if path == "/search":
+        return {"path": path, "q": params.get("q", "").strip()[:200], "page": page_number(params.get("page"))}
+    if path.startswith("/item/"):
+        options = sorted((name, value) for name, value in params.items() if name.startswith("opt."))
+        return {
+            "path": path,
+            "q": params.get("q", "")[:200],
+            "page": page_number(params.get("page")),
+            "options": options,
+        }
+    return {"path": path}
 
 
 class WebShopEnv(AgentEnv):
@@ -97,6 +122,7 @@ class WebShopEnv(AgentEnv):
         self._page = ParsedPage("")
         self._obs = ""
         self._goal: Goal | None = None
+        self._goal_seed = 0
         self._steps = 0
         self._done = False
         self._last_screenshot: str | None = None
@@ -146,7 +172,7 @@ class WebShopEnv(AgentEnv):
         ) as response:
             created = await response.json()
         self._sid = created["session"]
-        self._goal = make_goal(self.catalog, goal_seed)
+        self._goal, self._goal_seed = make_goal(self.catalog, goal_seed), goal_seed
         if created.get("instruction") != self._goal.instruction:
             raise ConfigError(
                 f"the shop at {self.base_url} has a different catalogue than this env",
@@ -259,7 +285,19 @@ class WebShopEnv(AgentEnv):
 
     def _step_info(self) -> dict[str, Any]:
         # No URL here: it holds the session id, and info must not depend on it (gymnasium's determinism check).
-        return {"available_actions": self._page.labels, "has_search": self._page.search_form is not None}
+        return {
+            "available_actions": self._page.labels,
+            "has_search": self._page.search_form is not None,
+            "anchor": self.anchor(),
+        }
+
+    def anchor(self) -> str | None:
+        """The page's path without the session, and a digest of the catalogue, the goal and what the URL selects."""
+        if self._goal is None or not self._url:
+            return None
+        page = page_state(self._url)
+        shop = [self.catalog_seed, self.n_products, self._goal_seed]
+        return f"page={page['path']}|state={state_digest([shop, page])}"
 
     async def _end_session(self) -> None:
         if (

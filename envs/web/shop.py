@@ -29,6 +29,11 @@ MAX_SESSIONS = 20_000
 _HTML = "text/html"
 
 
+def page_number(value: str | None) -> int:
+    """The results page a `page` URL parameter asks for: its number, 1 when missing or not a small number."""
+    return int(value) if value and value.isdigit() and len(value) < 6 else 1
+
+
 @dataclass
 class ShopSession:
     """One shopper's episode: the goal and, once bought, the purchase and its score."""
@@ -83,10 +88,6 @@ class Shop:
             )
         return session
 
-    @staticmethod
-    def _page_number(value: str | None) -> int:
-        return int(value) if value and value.isdigit() and len(value) < 6 else 1
-
     async def index_redirect(self, request: web.Request) -> web.Response:
         sid, _ = self.new_session(None)
         raise web.HTTPSeeOther(f"/s/{sid}/")
@@ -127,7 +128,7 @@ class Shop:
         sid = request.match_info["sid"]
         if not query:
             raise web.HTTPSeeOther(f"/s/{sid}/")
-        page = self.index.search(query, self._page_number(request.query.get("page")))
+        page = self.index.search(query, page_number(request.query.get("page")))
         return web.Response(text=views.results_page(sid, session.goal, page), content_type=_HTML)
 
     def _product(self, asin: str):
@@ -149,7 +150,7 @@ class Shop:
         session = self._session(request)
         product = self._product(request.match_info["asin"])
         query = request.query.get("q", "")[:200]
-        page = self._page_number(request.query.get("page"))
+        page = page_number(request.query.get("page"))
         selected = self._selected(request.query, product)
         html = views.product_page(request.match_info["sid"], session.goal, product, query, page, selected)
         return web.Response(text=html, content_type=_HTML)

@@ -266,3 +266,37 @@ async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):
     assert first["reward"] == 1.0 and first["log"][0]["kind"] == "reset" and "goal" in first["log"][0]["observation"]
     moves = first["log"][1:]
     assert len(moves) == first["turns"] > 0 and all(t["text"] in ("up", "down", "left", "right") for t in moves)
+
+
+async def test_each_model_turn_shows_the_advantage_the_runs_estimator_gives_it(tmp_path):
+    """A gigpo run: two episodes of one group reach the goal, one after a wasted move at the start square. The
+    page shows each turn's advantage as the learner computes it (GiGPO, gamma 0.5): the wasted move -1.414, the
+    moves from the start square that led on +0.707, the arrivals 0 (as worked out in
+    tests/trainer/learner/test_credit.py)."""
+    from envhub.trainer.trajectory import TurnSpan
+
+    recorder = EpisodeRecorder(tmp_path)
+    for anchors in (["s0", "s1"], ["s0", "s0", "s1"]):
+        spans, log, ids = [], [{"kind": "reset", "observation": "start"}], [1, 1]
+        for n, anchor in enumerate(anchors):
+            reward = 1.0 if n == len(anchors) - 1 else 0.0
+            spans.append(TurnSpan(len(ids), len(ids) + 1, reward, anchor))
+            log.append({"kind": "turn", "text": "go", "anchor": anchor, "span": [len(ids), len(ids) + 1],
+                        "reward": reward, "observation": "next"})  # fmt: skip
+            ids += [5, 9]
+        n = len(ids)
+        trajectory = Trajectory(ids, [0, 0] + [1, 0] * len(anchors), [0.0] * n, [0] * n, 1.0, "Corridor-v0", "g0", 1,
+                                len(anchors), "terminated", turn_log=log, turn_spans=spans)  # fmt: skip
+        recorder.episode(trajectory, step=0)
+    recorder.group("g0", "Corridor-v0", "trained", 1)
+    recorder.close(step=1)
+    (tmp_path / "config.json").write_text(json.dumps({"algorithm": {"advantage": "gigpo", "gamma": 0.5}}))
+    url, runner = await serve(tmp_path)
+    try:
+        async with aiohttp.ClientSession() as session:
+            short = await (await session.get(url + "fragment/episode?episode=0")).text()
+            wasted = await (await session.get(url + "fragment/episode?episode=1")).text()
+    finally:
+        await runner.cleanup()
+    assert re.findall(r"advantage ([-+0-9.]+) \(gigpo\)", short) == ["+0.707", "+0.000"]
+    assert re.findall(r"advantage ([-+0-9.]+) \(gigpo\)", wasted) == ["-1.414", "+0.707", "+0.000"]

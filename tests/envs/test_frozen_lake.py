@@ -107,3 +107,32 @@ def test_spaced_grid_gives_every_cell_its_own_token():
     assert len(merged) < 3  # why spaced exists: compact rows merge cells into one token
     obs, *_ = spaced.step("right")
     assert obs.splitlines()[-3:-2] == ["F F G"] and "S P F" in obs
+
+
+def test_anchor_names_the_square_whatever_the_way_there():
+    env = FrozenLakeEnv(size=4, hole_fraction=0.0)
+    start = env.reset(seed=0)[1]["anchor"]
+    env.step("right")
+    via_right = env.step("down")[4]["anchor"]
+    env.reset(seed=0)
+    env.step("down")
+    via_down = env.step("right")[4]["anchor"]
+    assert via_right == via_down != start and via_right.endswith("|pos=1,1")
+    assert env.step("down")[4]["anchor"] != via_down  # another square, another anchor
+
+
+def test_anchor_stays_when_nothing_moves_and_differs_between_maps():
+    env = FrozenLakeEnv(size=4, hole_fraction=0.0)
+    start = env.reset(seed=0)[1]["anchor"]
+    *_, info = env.step("no move in this reply")
+    assert info["invalid_action"] and info["anchor"] == start
+    assert env.step("up")[4]["anchor"] == start  # bumped into the edge: the same square
+    holes = FrozenLakeEnv(size=4, hole_fraction=0.3)
+    maps = {}
+    for seed in range(6):
+        _, info = holes.reset(seed=seed)
+        maps.setdefault(tuple(holes.grid), set()).add(info["anchor"])
+    assert len(maps) > 1 and all(len(anchors) == 1 for anchors in maps.values())
+    assert len(set().union(*maps.values())) == len(maps)  # same square (the start), different maps: different anchors
+    slippery = FrozenLakeEnv(size=4, hole_fraction=0.0, slippery=True)
+    assert slippery.reset(seed=0)[1]["anchor"] != start  # the same map on ice moves differently

@@ -159,3 +159,18 @@ def test_worked_solutions_leave_the_problems_of_a_seed_unchanged():
     p = generate("arithmetic", 3, random.Random(1))
     assert "9 pens at $15.50 each" in p.question and p.answer == Fraction(17, 20)
     assert generate("linear", 2, random.Random(0)).working == ""  # other kinds: bare boxed answers
+
+
+def test_anchor_is_the_problem_not_the_attempt_or_the_wrong_answers_given():
+    env = MathEnv(kind="linear", difficulty=2, attempts=3)
+    start = env.reset(seed=5)[1]["anchor"]
+    wrong = [env.answer + 1, env.answer + 2]
+    one_way = env.step(f"\\boxed{{{format_number(wrong[0])}}}")[4]["anchor"]
+    env.reset(seed=5)
+    other_way = env.step(f"\\boxed{{{format_number(wrong[1])}}}")[4]["anchor"]
+    assert one_way == other_way == start  # the second try answers the question the first one did
+    *_, info = env.step("I do not know")
+    assert info["invalid_action"] and info["anchor"] == one_way  # an unreadable reply uses nothing up
+    *_, info = env.step(f"\\boxed{{{format_number(env.answer)}}}")
+    assert info["anchor"].endswith("|solved")
+    assert env.reset(seed=6)[1]["anchor"] != start  # another problem

@@ -62,3 +62,21 @@ async def test_wrong_answers_prose_and_step_limit(docker_pool):
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ConfigError, match="unknown sandbox backend"):
         ShellQuizEnv(backend="vm")
+
+
+async def test_anchor_names_the_task_until_a_command_runs(docker_pool):
+    env = ShellQuizEnv(pool=docker_pool)
+    try:
+        _, info = await env.areset(seed=3)
+        start = info["anchor"]
+        assert start.startswith("task=")
+        *_, info = await env.astep("Let me think first.")  # no command ran: the sandbox is as setup left it
+        assert info["anchor"] == start
+        *_, info = await env.astep(call("bash", command="cat notes.txt"))
+        assert "anchor" not in info  # the filesystem may have changed: the trainer hashes the observation
+        _, info = await env.areset(seed=3)
+        assert info["anchor"] == start
+        _, info = await env.areset(seed=4)
+        assert info["anchor"] != start  # another file or question
+    finally:
+        await env.aclose()

@@ -111,3 +111,53 @@ def test_render_has_a_legend_and_step_after_solving_needs_reset():
     play(env, env.solve())
     with pytest.raises(envhub.ResetNeeded):
         env.step("up")
+
+
+def free_both_sides(seeds=range(60)):
+    """A level whose player has floor without a box both left and right of it."""
+    env = SokobanEnv()
+    for seed in seeds:
+        env.reset(seed=seed)
+        player, boxes = env.state
+        if all(cell not in env.walls and cell not in boxes for cell in (player - 1, player + 1)):
+            return seed
+    raise AssertionError("no level with free squares left and right of the player")
+
+
+def test_anchor_names_the_state_not_the_path_to_it():
+    seed = free_both_sides()
+    env = SokobanEnv()
+    start = env.reset(seed=seed)[1]["anchor"]
+    assert env.step("left")[4]["anchor"] != start  # another square, another state
+    back_from_left = env.step("right")[4]["anchor"]
+    env.reset(seed=seed)
+    env.step("right")
+    back_from_right = env.step("left")[4]["anchor"]
+    assert back_from_left == back_from_right == start
+    row, col = divmod(env.state[0], env.width)
+    assert f"player={row},{col}|boxes=" in start
+
+
+def test_anchor_changes_with_a_push_and_the_map_but_not_with_an_invalid_move():
+    env = SokobanEnv()
+    assert len({env.reset(seed=seed)[1]["anchor"].split("|")[0] for seed in range(5)}) == 5  # five maps, five digests
+    offsets = {"up": -env.width, "down": env.width, "left": -1, "right": 1}
+    seed, direction = next(
+        (seed, d)
+        for seed in range(30)
+        if env.reset(seed=seed)
+        for d, o in offsets.items()
+        if env.state[0] + o in env.walls
+    )
+    start = env.reset(seed=seed)[1]["anchor"]
+    for action in (direction, "no direction at all"):
+        *_, info = env.step(action)
+        assert info["invalid_action"] and info["anchor"] == start
+    boxes = env.state[1]
+    for move in env.solve():
+        *_, info = env.step(move)
+        if env.state[1] != boxes:  # the first push moves a box, and the anchor says so
+            assert info["anchor"].split("|boxes=")[1] != start.split("|boxes=")[1]
+            break
+    else:
+        raise AssertionError("the solution pushed no box")

@@ -86,3 +86,31 @@ def test_brackets_last_wins_and_a_lone_word_counts_and_running_out_ends_the_game
     obs, reward, terminated, _, info = env.step(f"  {wrong[-1].upper()}. ")
     assert terminated and reward == 0.0 and f"The word was {env.answer.upper()}" in obs
     assert "Letters not in the word" in env.render_text() or "Letters in the word" in env.render_text()
+
+
+def test_anchor_is_the_set_of_guesses_and_feedback_in_any_order():
+    env = WordleEnv()
+    _, info = env.reset(seed=4)
+    assert info["anchor"] == "guesses="
+    first, second = [w for w in ("crane", "moist", "plumb") if w != env.answer][:2]
+    env.step(f"[{first}]")
+    one_way = env.step(f"[{second}]")[4]["anchor"]
+    env.reset(seed=4)
+    env.step(f"[{second}]")
+    other_way = env.step(f"[{first}]")[4]["anchor"]
+    assert one_way == other_way
+    assert one_way == "guesses=" + ";".join(sorted(f"{w}:{feedback(w, env.answer)}" for w in (first, second)))
+
+
+def test_anchor_changes_with_each_guess_and_not_with_an_invalid_one():
+    env = WordleEnv()
+    start = env.reset(seed=4)[1]["anchor"]
+    *_, info = env.step("[abcde]")
+    assert info["invalid_action"] and info["anchor"] == start
+    word = next(w for w in ("crane", "moist") if w != env.answer)
+    once = env.step(f"[{word}]")[4]["anchor"]
+    twice = env.step(f"[{word}]")[4]["anchor"]  # a repeated guess still uses one up: not the same state
+    assert len({start, once, twice}) == 3
+    other = WordleEnv()
+    other.reset(seed=4)
+    assert other.step("[plumb]")[4]["anchor"] != once

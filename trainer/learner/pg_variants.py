@@ -36,6 +36,8 @@ class PGParams:
     cispo_eps_high: float = 0.1  #: CISPO: weight clipped above at 1 + eps_high
     topr_positive_weight: float = 1.0  #: TOPR: scale of tokens with a positive advantage
     topr_negative_weight: float = 1.0  #: TOPR: scale of tokens with a zero or negative advantage
+    gspo_clip_low: float = 3e-4  #: GSPO: sequence ratio clip below 1
+    gspo_clip_high: float = 4e-4  #: GSPO: sequence ratio clip above 1
 
     @classmethod
     def from_config(cls, cfg: Any) -> PGParams:
@@ -176,6 +178,35 @@ def topr(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[t
     return on_mask(loss, mask), stats
 
 
+def sequence_ratio(logprobs: torch.Tensor, anchor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's s_i = exp(mean over sequence i's model tokens of log(pi_theta / anchor)), [B, 1], with grad."""
+    per_token_log = torch.where(mask > 0, log_ratio(logprobs, anchor), torch.zeros_like(logprobs))
+    return torch.exp(per_token_log.sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0))
+
+
+def gspo(logprobs, behavior, proximal, advantages, mask, p: PGParams) -> tuple[torch.Tensor, Stats]:
+    """GSPO (Zheng et al., 2025), its token form (GSPO-token, eq. 13): s_it = sg(s_i) * pi_theta(y_t) /
+    sg(pi_theta(y_t)), equal to the length-normalised sequence ratio s_i in value, so the ratio and its clip
+    [1 - gspo_clip_low, 1 + gspo_clip_high] act per sequence while each token keeps its own advantage (turn-level
+    credit); -b * min(s_it A_t, clip(s_it) A_t). With one advantage per sequence it is GSPO's sequence objective, its
+    gradient weighted per token (the step's token mean) rather than per sequence."""
+    adv = per_token(advantages)
+    anchor = behavior if proximal is None else torch.where(mask > 0, proximal, behavior)
+    seq = sequence_ratio(logprobs, anchor, mask)
+    token = seq.detach() * torch.exp(logprobs - logprobs.detach())
+    token = torch.where(mask > 0, token, torch.ones_like(token))
+    objective = torch.minimum(token * adv, torch.clamp(token, 1.0 - p.gspo_clip_low, 1.0 + p.gspo_clip_high) * adv)
+    loss = -objective * behavior_weight(behavior, proximal, p.tis_cap)
+    rows = (mask.sum(dim=1) > 0).float()
+    seq_value = seq.detach().squeeze(1)
+    stats = {
+        "gspo_clip_low_fraction": fraction(token < 1.0 - p.gspo_clip_low, mask),
+        "gspo_clip_high_fraction": fraction(token > 1.0 + p.gspo_clip_high, mask),
+        "gspo_ratio_mean": float((seq_value * rows).sum() / rows.sum().clamp(min=1.0)),
+    }
+    return on_mask(loss, mask), stats
+
+
 PG_VARIANTS: dict[str, Variant] = {
     "ppo": ppo,
     "vanilla": vanilla,
@@ -183,6 +214,7 @@ PG_VARIANTS: dict[str, Variant] = {
     "cispo": cispo,
     "topr": topr,
     "decoupled": decoupled,
+    "gspo": gspo,
 }
 #: the diagnostics each variant returns, in a fixed order (the learner sums them over micro-batches and processes)
 VARIANT_STATS: dict[str, tuple[str, ...]] = {
@@ -198,6 +230,7 @@ VARIANT_STATS: dict[str, tuple[str, ...]] = {
         "decoupled_weight_mean",
         "decoupled_truncated_fraction",
     ),
+    "gspo": ("gspo_clip_low_fraction", "gspo_clip_high_fraction", "gspo_ratio_mean"),
 }
 
 

@@ -19,6 +19,7 @@ import torch
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
 from envhub.trainer.learner.advantages import group_advantages, loss_stats, masked_mean
+from envhub.trainer.learner.credit import CreditParams, anchor_share, token_advantages, turn_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
 from envhub.trainer.learner.optimizer import build_optimizer
@@ -51,9 +52,16 @@ def sequence_logprobs(
     return TokenLogprobs(model, temperature, chunk_tokens)(input_ids, attention_mask, mask)
 
 
-def micro_batch(trajs: list[Trajectory], advantages: torch.Tensor, rows: list[int], pad_id: int) -> MicroBatch:
-    """Pad rows `rows` of the step to their own longest length."""
+def micro_batch(
+    trajs: list[Trajectory], advantages: torch.Tensor | list[torch.Tensor], rows: list[int], pad_id: int
+) -> MicroBatch:
+    """Pad rows `rows` of the step to their own longest length; `advantages` is one per sequence ([B]) or one
+    tensor of per-token advantages per sequence (step-level credit)."""
     picked = [trajs[i] for i in rows]
+    if isinstance(advantages, torch.Tensor):
+        picked_advantages = advantages[rows]
+    else:
+        picked_advantages = torch.nn.utils.rnn.pad_sequence([advantages[i] for i in rows], batch_first=True)
     return MicroBatch(
         rows=rows,
         input_ids=pad_rows([t.input_ids for t in picked], pad_id, torch.long),
@@ -61,7 +69,7 @@ def micro_batch(trajs: list[Trajectory], advantages: torch.Tensor, rows: list[in
         loss_mask=pad_rows([t.loss_mask for t in picked], 0, torch.float32),
         behavior_logprobs=pad_rows([t.behavior_logprobs for t in picked], 0.0, torch.float32),
         versions=pad_rows([t.versions for t in picked], -1, torch.long),
-        advantages=advantages[rows],
+        advantages=picked_advantages,
     )
 
 
@@ -117,6 +125,7 @@ class Learner:
         self.steps = 0
         self.skipped_steps = 0
         self.kl_checked = False  # the logprob convention check runs on this process's first step
+        self.credit = CreditParams.from_config(config)
 
     @classmethod
     def from_config(cls, config: Any, model: Any, tokenizer: Any, dist: Any = None) -> Learner:
@@ -154,6 +163,7 @@ class Learner:
         """This process's share of a step (every learner process runs it on the same groups)."""
         started = time.monotonic()
         batches, stale_tokens = self._micro_batches(groups, version)
+        share, turns = anchor_share(groups)
         total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
         sums = self._backward(batches, total_tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.scorer.parameters(), self.config.grad_clip)
@@ -174,6 +184,8 @@ class Learner:
             "step_skipped": float(skipped),
             "skipped_steps": float(self.skipped_steps),
             "learner_s": time.monotonic() - started,
+            "anchor_share": share,
+            "turns": float(turns),
             **{name: float(sums[5 + i]) for i, name in enumerate(pg_stat_names(self.config))},
         }
 
@@ -181,10 +193,16 @@ class Learner:
         """The step's token-budget micro-batches, with group advantages and each token's staleness applied."""
         cfg = self.config
         trajs = [t for g in groups for t in g]
-        rewards = [torch.tensor([t.reward for t in g]) for g in groups]
-        advantages = torch.cat(
-            [group_advantages(r, len(r), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol) for r in rewards]
-        )
+        advantages: torch.Tensor | list[torch.Tensor]
+        if cfg.advantage == "grpo":
+            rewards = [torch.tensor([t.reward for t in g]) for g in groups]
+            advantages = torch.cat(
+                [group_advantages(r, len(r), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol) for r in rewards]
+            )
+        else:  # per-token: each turn its own advantage (trainer/learner/credit.py)
+            advantages = [
+                token_advantages(t, per) for g in groups for t, per in zip(g, turn_advantages(g, self.credit))
+            ]
         lengths = [len(t.input_ids) for t in trajs]
         plan = plan_micro_batches(lengths, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
         batches = [micro_batch(trajs, advantages, rows, self.pad_id) for rows in plan]

@@ -50,8 +50,11 @@ class TrajectoryQueue:
         filter_zero_variance: bool = True,
         zero_variance_tol: float = 1e-6,
         max_reward: float = 1.0,
+        has_signal: Callable[[Group], bool] | None = None,
     ) -> None:
         self.groups_per_step = groups_per_step
+        # a step-level estimator finds signal in a group whose returns are equal (turns of different worth)
+        self.has_signal = has_signal
         self.staleness = staleness or Staleness()
         self.filter_zero_variance = filter_zero_variance
         self.zero_variance_tol = zero_variance_tol
@@ -140,10 +143,7 @@ class TrajectoryQueue:
                 await self._discard()
                 return "failed"
             self._note_rewards(group)
-            if (
-                self.filter_zero_variance
-                and max(t.reward for t in group) - min(t.reward for t in group) <= self.zero_variance_tol
-            ):
+            if self.filter_zero_variance and not self._signal(group):
                 self.counters.filtered_zero_variance += 1
                 if group[0].reward >= self.max_reward - self.zero_variance_tol:
                     self.solved_in_a_row, self.stuck_in_a_row, self.collapsed_in_a_row = self.solved_in_a_row + 1, 0, 0
@@ -158,6 +158,11 @@ class TrajectoryQueue:
             self._ready.append(group)
             self._changed.notify_all()
             return "accepted"
+
+    def _signal(self, group: Group) -> bool:
+        if self.has_signal is not None:
+            return self.has_signal(group)
+        return max(t.reward for t in group) - min(t.reward for t in group) > self.zero_variance_tol
 
     def lag(self, group: Group) -> int:
         """Learner version minus the oldest policy version that produced a token of `group`."""

@@ -5,7 +5,9 @@ The conversation is kept as a list of token ids that only ever grows. Each turn 
 - template text the model did not write (the end of its turn after a length cut, the newline after
   its end-of-turn token, the next observation message and the generation prompt), mask 0.
 
-The template deltas come from `envhub.chat_tokens.ChatTokens`, which never re-tokenizes earlier ids.
+The template deltas come from `envhub.chat_tokens.ChatTokens`, which never re-tokenizes earlier ids. Each model turn
+is also kept as a `TurnSpan` (its sampled tokens' span, the env's reward for it, the anchor of the state it acted in)
+for step-level credit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from envhub.inference import InferenceEngine, SamplingParams
 from envhub.registry import as_async
 from envhub.trainer.config import RolloutConfig
 from envhub.trainer.engines import episode_key
-from envhub.trainer.trajectory import Trajectory
+from envhub.trainer.trajectory import Trajectory, TurnSpan, anchor_key
 
 EnvFactory = Callable[[], Any]
 
@@ -38,6 +40,7 @@ class _Episode:
     turns: int = 0
     info: dict[str, Any] = field(default_factory=dict)
     turn_log: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[TurnSpan] = field(default_factory=list)
     stage: str = "build"  # what the episode is doing: build, reset, generate or step (named by an error)
     started: float = field(default_factory=time.monotonic)
 
@@ -67,6 +70,7 @@ class _Episode:
             env_info=self.info,
             duration_s=duration_s,
             turn_log=self.turn_log,
+            turn_spans=self.spans,
         )
 
 
@@ -133,6 +137,7 @@ class RolloutWorker:
             }
         )
         state.info = {k: v for k, v in info.items() if k not in ("tools", "system_prompt") and _is_plain(v)}
+        anchor = anchor_key(info, obs)
         chat = ChatTokens(self.tokenizer, tools=info.get("tools"))
         first = [{"role": "system", "content": info["system_prompt"]}] if info.get("system_prompt") else []
         state.extend(chat.add_messages(first + [{"role": "user", "content": obs}]))
@@ -156,10 +161,13 @@ class RolloutWorker:
                 "prompt_tokens": len(state.ids),
                 "new_tokens": len(result.output_ids),
                 "engine_finish": result.finish_reason,
+                "anchor": anchor,
             }
             state.turn_log.append(turn)
             versions = getattr(result, "token_versions", None) or [result.weight_version] * len(result.output_ids)
+            span_start = len(state.ids)
             state.extend(list(result.output_ids), list(result.logprobs), list(versions))
+            span = (span_start, len(state.ids))
             state.turns += 1
             action, closing = chat.add_assistant(list(result.output_ids), self.stop_ids)
             turn["text"] = action
@@ -174,6 +182,9 @@ class RolloutWorker:
                 reward=float(reward),
             )
             state.reward += float(reward)
+            state.spans.append(TurnSpan(*span, reward=float(reward), anchor=anchor))
+            turn["span"] = list(span)
+            anchor = anchor_key(step_info, obs)
             if terminated:
                 return "terminated"
             if truncated:

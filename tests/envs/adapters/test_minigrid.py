@@ -163,3 +163,45 @@ def test_levels_the_bot_cannot_solve_have_no_expert():
     env = envhub.make("minigrid-BabyAI-KeyInBox-v0")
     env.reset(seed=0)
     assert env.unwrapped.oracle_action() is None
+
+
+def test_anchor_is_the_agents_square_direction_and_world_not_the_way_there():
+    env = envhub.make("minigrid-MiniGrid-Empty-8x8-v0")
+    _, info = env.reset(seed=0)
+    start = info["anchor"]
+    assert start.startswith("pos=1,1|dir=0|carrying=|world=")
+    left_right = [env.step(a)[4]["anchor"] for a in ("turn left", "turn right")]
+    env.reset(seed=0)
+    right_left = [env.step(a)[4]["anchor"] for a in ("turn right", "turn left")]
+    assert left_right[-1] == right_left[-1] == start and left_right[0] != right_left[0] != start
+    *_, info = env.step("dance a little")  # unreadable: MiniGrid does not move
+    assert info["invalid_action"] and info["anchor"] == start
+    moved = env.step("go forward")[4]["anchor"]
+    assert moved.startswith("pos=2,1|dir=0|")
+    around = [env.step(a)[4]["anchor"] for a in ("turn left", "turn left", "go forward", "turn left", "turn left")]
+    assert around[-1] == start  # forward, turn around, back, turn around: where it began
+
+
+def test_anchor_follows_what_the_agent_carries_and_the_grid_it_changed():
+    env = envhub.make("minigrid-MiniGrid-DoorKey-5x5-v0")
+    _, info = env.reset(seed=3)
+    before = info
+    for _ in range(60):
+        *_, info = env.step(env.unwrapped.oracle_action())
+        if env.unwrapped.game.carrying is not None:
+            break
+        before = info
+    assert info["anchor"].split("|")[2] == "carrying=key:yellow"
+    assert info["anchor"].split("|world=")[1] != before["anchor"].split("|world=")[1]  # the key left the grid
+
+
+def test_anchor_remembers_which_part_of_a_babyai_sequence_is_done():
+    from envhub.envs.adapters.minigrid import instruction_progress
+
+    env = envhub.make("minigrid-BabyAI-BossLevel-v0")
+    _, info = env.reset(seed=0)
+    instrs = env.unwrapped.game.instrs
+    assert hasattr(instrs, "a_done") and instruction_progress(instrs)[0][:2] == ["False", "False"]
+    instrs.a_done = "success"  # what BabyAI's verifier records once the first part is done; the agent did not move
+    assert env.unwrapped.anchor() != info["anchor"]
+    assert instruction_progress(None) == []

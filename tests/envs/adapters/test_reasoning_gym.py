@@ -69,3 +69,15 @@ def test_step_before_reset_and_after_the_answer():
     env = envhub.make("rg-basic_arithmetic-v0")
     with pytest.raises(envhub.ResetNeeded):
         env.unwrapped.step("1")
+
+
+def test_anchor_names_the_question_by_task_config_and_index():
+    env = envhub.make("rg-basic_arithmetic-v0")
+    _, info = env.reset(seed=7)
+    assert info["anchor"].startswith("task=basic_arithmetic|config=") and info["anchor"].endswith("|index=7")
+    assert envhub.make("rg-basic_arithmetic-v0").reset(seed=7)[1]["anchor"] == info["anchor"]  # another env, same
+    assert env.reset(seed=8)[1]["anchor"] != info["anchor"]
+    other_config = envhub.make("rg-basic_arithmetic-v0", max_terms=3)
+    assert other_config.reset(seed=7)[1]["anchor"] != info["anchor"]  # index 7 of another dataset
+    *_, step_info = env.step("<answer>0</answer>")
+    assert step_info["anchor"] == env.reset(seed=8)[1]["anchor"] + "|answered"

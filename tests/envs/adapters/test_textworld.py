@@ -89,3 +89,16 @@ def test_settings_are_checked_against_the_challenges_own():
         envhub.make("textworld-treasure_hunter-v0", level="high")
     with pytest.raises(envhub.ConfigError, match="must be true or false"):
         envhub.make("textworld-simple-v0", test="yes")
+
+
+def test_anchor_is_the_worlds_facts_not_the_commands_that_led_there():
+    env = envhub.make("textworld-simple-v0")
+    _, info = env.reset(seed=3)
+    start = info["anchor"]
+    container = next(c.removeprefix("open ") for c in info["legal_actions"] if c.startswith("open "))
+    for command in ("look", "inventory", "xyzzy"):  # nothing in the world changes
+        assert env.step(command)[4]["anchor"] == start
+    opened = env.step(f"open {container}")[4]["anchor"]
+    assert opened != start
+    assert env.step(f"close {container}")[4]["anchor"] == start  # open then close: the world as it was
+    env.close()

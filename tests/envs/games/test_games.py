@@ -9,7 +9,7 @@ from pettingzoo.test import api_test
 
 import envhub
 from envhub.envs.games.connect_four import ConnectFourEnv
-from envhub.envs.games.kuhn_poker import GAME_VALUE_FIRST_PLAYER, KuhnPokerEnv, nash_bet_probability, payoff
+from envhub.envs.games.kuhn_poker import CARDS, GAME_VALUE_FIRST_PLAYER, KuhnPokerEnv, nash_bet_probability, payoff
 from envhub.envs.games.tictactoe import TicTacToeEnv, minimax_value
 
 GAME_IDS = ["TicTacToe-v0", "ConnectFour-v0", "KuhnPoker-v0"]  # turn-based (AEC)
@@ -185,3 +185,67 @@ def test_illegal_action_id_raises_with_the_legal_moves():
     env.step(4)
     with pytest.raises(ValueError, match="illegal action 4 for player_1; legal: A1, B1"):
         env.step(4)
+
+
+def play_moves(env, moves):
+    env.reset(seed=0)
+    for move in moves:
+        env.step(env.parse_move(move))
+    return env.infos
+
+
+def test_anchor_is_the_position_and_whose_turn_not_the_move_order():
+    one_way = play_moves(TicTacToeEnv(), ["A1", "B1", "C1"])
+    other_way = play_moves(TicTacToeEnv(), ["C1", "B1", "A1"])
+    assert one_way["player_1"]["anchor"] == other_way["player_1"]["anchor"] == "board=XOX......|to_move=1"
+    assert one_way["player_0"]["anchor"] == one_way["player_1"]["anchor"]  # nothing hidden: one anchor for both
+    assert play_moves(TicTacToeEnv(), ["A1", "B1", "C2"])["player_1"]["anchor"] != one_way["player_1"]["anchor"]
+    drops = play_moves(ConnectFourEnv(), ["1", "2", "3", "4"])["player_0"]["anchor"]
+    assert drops == play_moves(ConnectFourEnv(), ["3", "4", "1", "2"])["player_0"]["anchor"]
+    assert (
+        drops.endswith("|to_move=0")
+        and drops != play_moves(ConnectFourEnv(), ["1", "2", "4", "3"])["player_0"]["anchor"]
+    )
+    won = play_moves(TicTacToeEnv(), ["A1", "A2", "B1", "B2", "C1"])
+    assert won["player_0"]["anchor"].endswith("|to_move=over")
+
+
+def test_kuhn_poker_anchor_is_what_the_seat_knows():
+    env = KuhnPokerEnv()
+    infos = play_moves(env, ["check"])
+    cards = [CARDS[c] for c in env.cards]
+    assert infos["player_0"]["anchor"] == f"card={cards[0]}|bets=p|to_move=1"
+    assert infos["player_1"]["anchor"] == f"card={cards[1]}|bets=p|to_move=1"  # the other card is never in it
+    env.step(env.parse_move("bet"))
+    assert env.infos["player_0"]["anchor"] == f"card={cards[0]}|bets=pb|to_move=0"
+
+
+def test_self_play_anchor_keeps_its_seat_and_ignores_illegal_moves():
+    env = envhub.SelfPlay("TicTacToe-v0", opponent="scripted", seat=1)
+    obs, info = env.reset(seed=0)
+    assert info["anchor"].startswith("seat=1|board=") and info["anchor"].endswith("|to_move=1")
+    *_, after = env.step("this is no move")
+    assert after["illegal_move"] and after["anchor"] == info["anchor"]
+    legal = info["legal_moves"][0]
+    *_, moved = env.step(legal)
+    assert moved["anchor"] != info["anchor"]
+
+
+def test_rock_paper_scissors_anchor_is_the_rounds_and_score_not_their_order():
+    from envhub.envs.games.simultaneous import SimultaneousTurns
+
+    def play(rounds):
+        env = envhub.make_multiagent("RockPaperScissors-v0", rounds=3)
+        _, infos = env.reset(seed=0)
+        assert infos["player_0"]["anchor"] == "rounds=0|score=0:0"
+        for mine, theirs in rounds:
+            *_, infos = env.step({"player_0": env.parse_move(mine), "player_1": env.parse_move(theirs)})
+        return infos["player_0"]["anchor"]
+
+    won_then_lost = play([("paper", "rock"), ("rock", "paper")])
+    assert won_then_lost == play([("rock", "paper"), ("paper", "rock")]) == "rounds=2|score=1:1"
+    assert play([("paper", "rock"), ("paper", "rock")]) == "rounds=2|score=2:0"
+    sealed = SimultaneousTurns(envhub.make_multiagent("RockPaperScissors-v0", rounds=3))
+    sealed.reset(seed=0)
+    sealed.step(2)  # player_0 commits scissors: the anchor says a move is sealed, never which
+    assert sealed.anchor(1) == "rounds=0|score=0:0|sealed=0"

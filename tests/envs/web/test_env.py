@@ -151,3 +151,52 @@ async def test_64_concurrent_episodes_against_one_server():
 def test_unknown_render_mode_is_a_clear_error():
     with pytest.raises(envhub.ConfigError, match="render"):
         WebShopEnv(render="video")
+
+
+async def browse(env, seed, actions):
+    """The anchors of reset and of each action, checking every action worked."""
+    _, info = await env.areset(seed=seed)
+    anchors = [info["anchor"]]
+    for action in actions:
+        *_, info = await env.astep(action)
+        assert "error" not in info, (action, info["error"])
+        anchors.append(info["anchor"])
+    return anchors
+
+
+async def test_anchor_names_the_page_and_its_selections_not_the_way_there(shop_server):
+    env = WebShopEnv(shop_url=shop_server.url)
+    try:
+        for seed in range(50):  # a goal with two options to choose, so they can be chosen in either order
+            await env.areset(seed=seed)
+            if len(env.goal.options) >= 2:
+                break
+        plan = env.oracle_actions()
+        to_item = plan[: plan.index(f"click[{env.goal.target_asin}]") + 1]
+        options = [a for a in plan if a.startswith("click[") and ": " in a]
+        one_way = await browse(env, seed, to_item + options)
+        other_way = await browse(env, seed, to_item + options[::-1])
+        assert one_way[-1] == other_way[-1] and one_way[-1].startswith(f"page=/item/{env.goal.target_asin}|")
+        assert one_way[-2] != other_way[-2]  # one option chosen, not the same one: different pages
+        assert len(set(one_way)) == len(one_way)  # each step on the way showed a new page
+        back = await browse(env, seed, [to_item[0], "click[Back to Search]"])
+        assert back[2] == back[0] == one_way[0] and back[0].startswith("page=/|")
+        again = WebShopEnv(shop_url=shop_server.url)  # another session: the session id is not in the anchor
+        try:
+            assert await browse(again, seed, to_item) == one_way[: len(to_item) + 1]
+            assert (await again.areset(seed=seed + 1))[1]["anchor"] != one_way[0]  # another goal
+        finally:
+            await again.aclose()
+    finally:
+        await env.aclose()
+
+
+async def test_anchor_stays_when_an_action_changes_nothing(shop_server):
+    env = WebShopEnv(shop_url=shop_server.url)
+    try:
+        _, info = await env.areset(seed=1)
+        for action in ("click[No Such Button]", "buy it please", "click[Buy Now]"):
+            *_, after = await env.astep(action)
+            assert "error" in after and after["anchor"] == info["anchor"]
+    finally:
+        await env.aclose()

@@ -90,6 +90,18 @@ def reference_token(variant: str, lp: float, mu: float, prox: float | None, a: f
     return -w * a * lp, -w * a  # the weight is detached: log pi carries the whole gradient
 
 
+def reference_gspo(batch: dict, i: int, t: int, p: PGParams, with_prox: bool) -> tuple[float, float]:
+    """GSPO-token (Zheng et al., eq. 13) at token t of row i: s_i = exp(mean over the row's model tokens of
+    (lp - anchor)); s_it = sg(s_i) pi(y_t) / sg(pi(y_t)), so d s_it / d lp_t = s_i; loss -b min(s A, clip(s) A)."""
+    anchor = batch["prox"][i] if with_prox else batch["mu"][i]
+    logs = [batch["lp"][i][k] - anchor[k] for k, m in enumerate(batch["mask"][i]) if m]
+    s, a = math.exp(sum(logs) / len(logs)), batch["adv"][i]
+    b = min(math.exp(batch["prox"][i][t] - batch["mu"][i][t]), p.tis_cap) if with_prox else 1.0
+    unclipped, clipped = s * a, clip(s, 1 - p.gspo_clip_low, 1 + p.gspo_clip_high) * a
+    inside = 1 - p.gspo_clip_low <= s <= 1 + p.gspo_clip_high
+    return -b * min(unclipped, clipped), -b * (s * a if inside or unclipped < clipped else 0.0)
+
+
 def reference(variant: str, batch: dict, p: PGParams, with_prox: bool) -> tuple[list, list]:
     """Per-token losses and d(token-mean loss)/d lp over a batch (0 off the mask)."""
     count = sum(sum(row) for row in batch["mask"]) or 1.0
@@ -98,7 +110,10 @@ def reference(variant: str, batch: dict, p: PGParams, with_prox: bool) -> tuple[
         losses.append([]), grads.append([])
         for t, m in enumerate(row):
             prox = batch["prox"][i][t] if with_prox else None
-            loss, grad = reference_token(variant, batch["lp"][i][t], batch["mu"][i][t], prox, batch["adv"][i], p)
+            if variant == "gspo":
+                loss, grad = reference_gspo(batch, i, t, p, with_prox) if m else (0.0, 0.0)
+            else:
+                loss, grad = reference_token(variant, batch["lp"][i][t], batch["mu"][i][t], prox, batch["adv"][i], p)
             losses[-1].append(loss if m else 0.0)
             grads[-1].append(grad / count if m else 0.0)
     return losses, grads
@@ -408,7 +423,7 @@ def test_config_reads_the_variant_and_the_correction():
     [
         (
             {"pg_variant": "cipso"},
-            "pg_variant must be one of ppo, vanilla, tis, cispo, topr, decoupled, got 'cipso'.*'cispo'",
+            "pg_variant must be one of ppo, vanilla, tis, cispo, topr, decoupled, gspo, got 'cipso'.*'cispo'",
         ),
         ({"is_correction": {"level": "seq"}}, "level must be one of none, token, sequence, geometric"),
         ({"is_correction": {"levl": "token"}}, "unknown config key 'algorithm.is_correction.levl'.*'level'"),

@@ -9,6 +9,7 @@ from envhub.chat_tokens import ChatTokens
 from envhub.trainer.config import RolloutConfig, TaskConfig
 from envhub.trainer.rollout.sources import LocalRollouts
 from envhub.trainer.rollout.worker import RolloutWorker
+from envhub.trainer.trajectory import anchor_key
 
 
 def recording(engine_cls, model, tokenizer):
@@ -67,6 +68,33 @@ async def test_multi_turn_ids_and_masks_are_exact(engine_cls, tiny_model, tokeni
         v == -1 for v, m in zip(traj.versions, mask) if not m
     )
     assert traj.finish_reason in ("max_turns", "terminated") and traj.env_info["secret"] == env.unwrapped.secret
+
+
+async def test_each_model_turn_keeps_its_span_reward_and_anchor(engine_cls, tiny_model, tokenizer):
+    """Step-level credit's input: per model turn, the span of exactly the ids the engine sampled, the env's reward
+    for that turn and the anchor of the state it acted in (Corridor-v0 gives its square; with no info["anchor"] the
+    key is a digest of the observation the turn saw)."""
+    engine = recording(engine_cls, tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_turns=6, max_new_tokens=3, temperature=1.0))
+    traj = await worker.run_episode(lambda: envhub.make("Corridor-v0", length=2, max_turns=6), "Corridor-v0", seed=1)
+    plain = await worker.run_episode(lambda: envhub.make("GuessNumberTest-v0", turns=10), "GuessNumberTest-v0", seed=3)
+    await engine.close()
+    assert len(traj.turn_spans) == traj.turns == len(engine.calls) - plain.turns >= 2
+    env = envhub.make("Corridor-v0", length=2, max_turns=6)
+    _, info = env.reset(seed=1)
+    for span, (_, result) in zip(traj.turn_spans, engine.calls):
+        assert traj.input_ids[span.start : span.end] == list(result.output_ids)
+        assert all(traj.loss_mask[span.start : span.end])
+        assert span.anchor == "env:" + info["anchor"]
+        body = result.output_ids[:-1] if result.finish_reason == "stop" else result.output_ids
+        _, reward, *_, info = env.step(tokenizer.decode(body, skip_special_tokens=True))
+        assert span.reward == reward
+    assert sum(traj.loss_mask) == sum(s.end - s.start for s in traj.turn_spans)
+    assert sum(s.reward for s in traj.turn_spans) == traj.reward
+    turns = [t for t in traj.turn_log if t["kind"] == "turn"]
+    assert [(t["span"], t["anchor"]) for t in turns] == [([s.start, s.end], s.anchor) for s in traj.turn_spans]
+    first = plain.turn_spans[0].anchor
+    assert first.startswith("obs:") and first == anchor_key({}, "I am thinking of a digit from 0 to 9.")
 
 
 def test_assistant_turn_that_stopped_keeps_the_model_ids(tokenizer):

@@ -1,0 +1,237 @@
+"""Does step-level credit learn faster than episode-level GRPO? Each estimator trained from the same SFT checkpoint
+for the same learner steps, on multi-turn envs where credit matters, with held-out learning curves.
+
+    python benchmarks/credit_assignment.py --config configs/credit-frozenlake.yaml --seeds 0,1,2
+        [--estimators grpo,gigpo,turn] [--steps 20] [--curve-every 5] [--eval-episodes 64]
+        [--warm-start DIR] [--runs-dir benchmarks/results/credit_runs] [--set KEY=VALUE ...]
+    python benchmarks/credit_assignment.py --merge benchmarks/results/credit_runs/*.json
+        [--out benchmarks/results/credit_assignment.json]
+
+Each run (config, estimator, seed) is saved to its own file in --runs-dir the moment it ends, so the decisive set is
+run over several sittings and merged. A run: the config's SFT stage runs once per config (its own seed) and is saved
+to --warm-start (default: beside the runs); every run starts from it with `algorithm.advantage` set to the estimator,
+the seed replaced, `budget.steps` exactly (no wall-time stop; zero-variance groups kept, as in learning_parity.py, so
+no run stops early as converged), a checkpoint every --curve-every steps, and greedy held-out evaluation of the
+checkpoint (step 0) and of every saved step: the learning curve. Success is the mean held-out reward (1.0 = solved
+on these envs).
+
+The merge writes, per env: each estimator's mean curve over seeds, steps to reach the SFT checkpoint's success + 0.1
+(first curve point of the mean curve at or above it, null if none), the mean anchor share of its learner steps, and
+`<estimator>_minus_grpo: {mean, se, seeds}`, the final success paired by seed (same checkpoint, same held-out
+episodes). Goal (issue 44): a step-level estimator beats grpo by >= 0.05 on both envs, beyond 2 SE.
+
+Power, fixed before the decisive run: 2 SE of the paired difference <= 0.05, i.e. SE <= 0.025. Per seed the
+difference's variance is the evaluation's (the same n held-out episodes for both, greedy: at most 2 p (1 - p) / n =
+0.0078 at p = 0.5, n = 64) plus the training's (two runs of one seed differ by their sampled episodes). The training
+part is taken from this repository's learning-parity runs, whose paired per-seed differences have an SD of about 0.12
+on 48 held-out episodes (learning_parity_40seeds_staleness0.5.json: SE 0.020 over 40 seeds, of which ~0.07 is
+evaluation): SD of the difference ~0.13, so n_seeds >= (0.13 / 0.025)^2 = 27 seeds per env, at 64 held-out episodes
+per run. A pilot's measured SD replaces 0.13 only if it was written here before the decisive set began. Cost: a run
+of 20 steps with 5 curve points is ~15 min on a 2-core CPU (SmolLM2, 8 episodes a step), so 27 seeds x 3 estimators x
+2 envs ~ 40 hours: outside CI, on whatever machines are free, merged with --merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from learning_parity import apply_override, machine, mean_se, warm_start_checkpoint  # noqa: E402
+
+from envhub.errors import ConfigError  # noqa: E402
+from envhub.trainer.config import TrainConfig, config_from_dict  # noqa: E402
+from envhub.trainer.learner.credit import ESTIMATORS  # noqa: E402
+from envhub.trainer.run.metrics import learner_stat  # noqa: E402
+
+TARGET_GAIN = 0.1  # "steps to reach SFT + 0.1"
+
+
+def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, steps: int, curve_every: int,
+               eval_episodes: int, model: str | None) -> TrainConfig:  # fmt: skip
+    """The config with --set overrides, then this run's estimator, seed, steps, checkpoints and evaluation."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    for assignment in overrides:
+        apply_override(data, assignment)
+    data["seed"] = seed
+    algorithm = data.setdefault("algorithm", {})
+    algorithm["advantage"] = estimator
+    algorithm["filter_zero_variance"] = False
+    data.setdefault("budget", {}).update(
+        steps=steps, checkpoint_every=curve_every, checkpoint_keep=0, max_time_s=0.0, max_run_s=0.0
+    )
+    data.setdefault("evaluation", {}).update(episodes=eval_episodes, temperature=0.0, before=True, after_sft=False)
+    if model is not None:  # RL from the shared SFT checkpoint: no SFT stage of its own
+        data.setdefault("model", {})["name"] = model
+        data.pop("sft", None)
+    return config_from_dict(data)
+
+
+async def checkpoint_curve(config: TrainConfig, run_dir: Path) -> dict[int, float]:
+    """Held-out mean reward of every saved checkpoint of a run (greedy, the run's own evaluation seeds)."""
+    from envhub.trainer.config import ModelConfig
+    from envhub.trainer.evaluation import evaluate_policy
+    from envhub.trainer.models import build_policy
+
+    curve = {}
+    for path in sorted((run_dir / "checkpoints").glob("step_*")):
+        step = int(path.name.split("_")[1])
+        model, tokenizer = build_policy(ModelConfig(name=str(path), dtype=config.model.dtype), config.seed)
+        rewards = await evaluate_policy(model, tokenizer, config)
+        means = [sum(r) / len(r) for r in rewards.values() if r]
+        curve[step] = sum(means) / len(means) if means else 0.0
+    return curve
+
+
+def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
+    """One run: train, then evaluate its checkpoints; the record a runs file holds."""
+    from envhub.trainer.train import Trainer
+
+    started = time.monotonic()
+    result = asyncio.run(Trainer(config, out_dir=run_dir).run())
+    report = json.loads((run_dir / "eval.json").read_text())["overall"]
+    curve = {0: report["before"], **asyncio.run(checkpoint_curve(config, run_dir))}
+    shares = [learner_stat(r, "anchor_share", None) for r in result.history]
+    shares = [s for s in shares if s is not None]
+    return {
+        "env": "+".join(task.env for task in config.tasks),
+        "estimator": config.algorithm.advantage,
+        "seed": config.seed,
+        "steps": result.last_step,
+        "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
+        "final": report["after"],
+        "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+
+
+def summarise_env(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One env's runs: mean curves, steps to SFT + 0.1, anchor shares, and each estimator minus grpo by seed."""
+    by = {(r["estimator"], r["seed"]): r for r in runs}
+    estimators = sorted({r["estimator"] for r in runs}, key=ESTIMATORS.index)
+    out: dict[str, Any] = {"estimators": {}}
+    for name in estimators:
+        mine = [r for r in runs if r["estimator"] == name]
+        steps = sorted({int(s) for r in mine for s in r["curve"]})
+        curve = {s: mean_se([r["curve"][str(s)] for r in mine if str(s) in r["curve"]])[0] for s in steps}
+        start = curve.get(0, 0.0)
+        reach = next((s for s in steps if curve[s] >= start + TARGET_GAIN), None)
+        shares = [r["anchor_share"] for r in mine if r.get("anchor_share") is not None]
+        final, final_se = mean_se([r["final"] for r in mine])
+        out["estimators"][name] = {
+            "seeds": sorted(r["seed"] for r in mine),
+            "curve": {str(s): round(v, 4) for s, v in curve.items()},
+            "final": round(final, 4),
+            "final_se": round(final_se, 4),
+            "steps_to_sft_plus_0.1": reach,
+            "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
+        }
+        if name != "grpo":
+            seeds = sorted(s for (e, s) in by if e == name and ("grpo", s) in by)
+            if seeds:
+                diff, se = mean_se([by[name, s]["final"] - by["grpo", s]["final"] for s in seeds])
+                beats = diff >= 0.05 and diff - 2 * se > 0
+                out[f"{name}_minus_grpo"] = {"mean": round(diff, 4), "se": round(se, 4), "seeds": seeds,
+                                             "goal_met": beats}  # fmt: skip
+    return out
+
+
+def merge(paths: list[str], out: Path) -> dict[str, Any]:
+    """`--merge`: every run file, grouped by env and summarised."""
+    runs = []
+    for name in paths:
+        try:
+            record = json.loads(Path(name).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"--merge {name}: cannot read it as a run file ({exc})") from exc
+        if not isinstance(record, dict) or "estimator" not in record or "curve" not in record:
+            raise ConfigError(f"--merge {name}: not a credit_assignment run file (no estimator and curve)")
+        runs.append(record)
+    envs = sorted({r["env"] for r in runs})
+    report = {"envs": {env: summarise_env([r for r in runs if r["env"] == env]) for env in envs}, "runs": len(runs)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    for env, summary in report["envs"].items():
+        for name, row in summary["estimators"].items():
+            print(f"{env:20s} {name:6s} final {row['final']:.3f} ± {row['final_se']:.3f} curve {row['curve']} "
+                  f"anchor share {row['anchor_share']}")  # fmt: skip
+        for key, diff in summary.items():
+            if key.endswith("_minus_grpo"):
+                print(f"{env:20s} {key}: {diff['mean']:+.3f} ± {diff['se']:.3f} over {len(diff['seeds'])} seeds")
+    print(f"wrote {out}")
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/credit-frozenlake.yaml")
+    parser.add_argument("--estimators", default="grpo,gigpo,turn")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--curve-every", type=int, default=5)
+    parser.add_argument("--eval-episodes", type=int, default=64)
+    parser.add_argument("--warm-start", default="", help="SFT checkpoint directory (default: beside the runs)")
+    parser.add_argument("--runs-dir", default="benchmarks/results/credit_runs")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--merge", nargs="+", metavar="RUN_FILE")
+    parser.add_argument("--out", default="benchmarks/results/credit_assignment.json")
+    args = parser.parse_args(argv)
+    estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown:
+        parser.error(f"--estimators: unknown {unknown}; choose from {', '.join(ESTIMATORS)}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+    if args.steps < 1 or args.curve_every < 1 or args.eval_episodes < 1:
+        parser.error("--steps, --curve-every and --eval-episodes must be at least 1")
+    args.estimators = estimators
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.merge:
+        merge(args.merge, Path(args.out))
+        return
+    runs_dir = Path(args.runs_dir)
+    stem = Path(args.config).stem
+    warm = Path(args.warm_start) if args.warm_start else runs_dir / f"{stem}-sft"
+    base = run_config(args.config, args.overrides, estimator="grpo", seed=0, steps=args.steps,
+                      curve_every=args.curve_every, eval_episodes=args.eval_episodes, model=None)  # fmt: skip
+    record = warm_start_checkpoint(base, warm)
+    for seed in args.seeds:
+        for estimator in args.estimators:
+            path = runs_dir / f"{stem}-{estimator}-seed{seed}.json"
+            if path.exists():
+                print(f"{path} exists: skipped (delete it to run again)", flush=True)
+                continue
+            config = run_config(args.config, args.overrides, estimator=estimator, seed=seed, steps=args.steps,
+                                curve_every=args.curve_every, eval_episodes=args.eval_episodes,
+                                model=str(warm))  # fmt: skip
+            work = runs_dir / "work" / path.stem
+            result = train_one(config, work)
+            result |= {"config": args.config, "overrides": args.overrides, "warm_start_sha256":
+                       record.get("weights_sha256"), "machine": machine()}  # fmt: skip
+            path.write_text(json.dumps(result, indent=2))
+            print(
+                f"{path.name}: final {result['final']:.3f} curve {result['curve']} ({result['wall_s']:.0f}s)",
+                flush=True,
+            )
+            shutil.rmtree(work, ignore_errors=True)  # checkpoints are large; the curve is in the file
+    # the merged view of every run file so far (all envs), current after every sitting
+    merge(sorted(str(p) for p in runs_dir.glob("*-seed*.json")), Path(args.out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Corridor-v0: a multi-turn env where credit assignment matters, the positive control of step-level advantages.
+
+The agent stands on square 0 of a corridor and must reach the last square within a few turns. Each reply either
+moves it one square forward or wastes the turn: a reply whose first letter lies in the first half of the alphabet
+(a to m) moves, anything else (n to z, no letter at all) does not. The reward, 1.0, comes only on arrival, so
+episode-level credit pays every turn of a successful episode the same, wasted ones included, while a step-level
+estimator (GiGPO) compares turns that acted from the same square: `info["anchor"]` is the square, exactly.
+
+The rule is arbitrary on purpose: a random tiny model moves about half the time, so groups differ from the first
+step, and learning it is a matter of credit rather than knowledge (tests/trainer/test_credit_control.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envhub.core import AgentEnv
+from envhub.toolcalls import action_text
+
+MOVES = frozenset("abcdefghijklm")
+
+
+def first_letter(text: str) -> str:
+    """The reply's first letter, lower-cased ("" when it has none)."""
+    return next((c.lower() for c in text if c.isascii() and c.isalpha()), "")
+
+
+class CorridorEnv(AgentEnv):
+    """Reach square `length` from square 0 within `max_turns` replies; 1.0 on arrival, else 0.0.
+
+    `info`: `position`, `moved` (this reply moved), `success`, and `anchor` (the square: the state a turn acts in).
+    """
+
+    system_prompt = (
+        "You walk down a corridor, one reply per turn. A reply that starts with a letter from a to m moves you one "
+        "square forward; any other reply wastes the turn. Reach the end before your turns run out."
+    )
+    reward_doc = "1.0 on reaching the last square (episode ends), 0.0 otherwise (truncated after max_turns replies)"
+
+    def __init__(self, length: int = 3, max_turns: int = 5, render_mode: str | None = None) -> None:
+        if length < 1:
+            raise ValueError(f"Corridor length must be at least 1, got {length}")
+        if max_turns < length:
+            raise ValueError(f"max_turns ({max_turns}) must be at least the corridor's length ({length})")
+        self.length = length
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.position = 0
+        self.played = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        _, info = super().reset(seed=seed)
+        self.position = self.played = 0
+        return self._observation(), {**info, **self._info(moved=False)}
+
+    def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        moved = first_letter(action_text(action)) in MOVES
+        self.position += moved
+        self.played += 1
+        arrived = self.position >= self.length
+        truncated = not arrived and self.played >= self.max_turns
+        return self._observation(), 1.0 if arrived else 0.0, arrived, truncated, self._info(moved=moved)
+
+    def _observation(self) -> str:
+        if self.position >= self.length:
+            return "You reached the end of the corridor."
+        return f"You are on square {self.position}; the corridor ends at square {self.length}."
+
+    def _info(self, moved: bool) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "moved": moved,
+            "success": self.position >= self.length,
+            "anchor": self.anchor(),
+        }
+
+    def anchor(self) -> str:
+        """The square: all a turn's future depends on (turns left are a counter, left out as anchors require)."""
+        return f"square={self.position}"
+
+    def render_text(self) -> str:
+        return "".join("A" if i == self.position else "." for i in range(self.length + 1))

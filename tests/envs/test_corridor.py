@@ -1,0 +1,36 @@
+"""Corridor-v0: the move rule, arrival, the turn limit and the anchor (the square, nothing else)."""
+
+import pytest
+
+import envhub
+from envhub.envs.corridor import CorridorEnv, first_letter
+
+
+def test_a_reply_moves_when_its_first_letter_is_a_to_m():
+    assert first_letter("  42 apples") == "a" and first_letter("...") == ""
+    env = CorridorEnv(length=2, max_turns=3)
+    _, info = env.reset(seed=0)
+    assert info["anchor"] == "square=0" and info["position"] == 0
+    _, reward, terminated, truncated, info = env.step("Zebra")  # n-z: the turn is wasted
+    assert (reward, terminated, truncated, info["moved"]) == (0.0, False, False, False)
+    assert info["anchor"] == "square=0"  # a wasted turn leaves the state, and its anchor, as they were
+    _, reward, terminated, _, info = env.step("hello")
+    assert (reward, terminated, info["anchor"]) == (0.0, False, "square=1")
+    _, reward, terminated, _, info = env.step("Apple")
+    assert (reward, terminated, info["success"]) == (1.0, True, True)
+
+
+def test_the_turn_limit_truncates_without_reward():
+    env = envhub.make("Corridor-v0", length=2, max_turns=2)
+    env.reset(seed=0)
+    env.step("a")
+    _, reward, terminated, truncated, info = env.step("zzz")
+    assert (reward, terminated, truncated, info["success"]) == (0.0, False, True, False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message", [({"length": 0}, "at least 1"), ({"length": 4, "max_turns": 3}, "max_turns")]
+)
+def test_bad_settings_are_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CorridorEnv(**kwargs)
