@@ -107,7 +107,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 demo: install base-image
-	$(BIN)/envhub train configs/demo.yaml  # scripted env episodes: $(BIN)/python -m envhub.cli.demo
+	$(BIN)/envhub train configs/demo.yaml --overwrite  # scripted env episodes: $(BIN)/python -m envhub.cli.demo
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -48,7 +48,10 @@ def envhub_train(config: dict[str, Any], seed: int, work: Path) -> TrainRun:
     path.write_text(yaml.safe_dump({**config, "seed": seed, "out_dir": str(out)}, sort_keys=False))
     load_before, cpu_before, started = os.getloadavg()[0], cpu_seconds(), time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "train", str(path)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "envhub.cli.main", "train", str(path), "--overwrite"],  # the benchmark's own dir
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     wall, cpu = time.monotonic() - started, cpu_seconds() - cpu_before
     if proc.returncode != 0:

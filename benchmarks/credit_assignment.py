@@ -97,7 +97,7 @@ def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
     from envhub.trainer.train import Trainer
 
     started = time.monotonic()
-    result = asyncio.run(Trainer(config, out_dir=run_dir).run())
+    result = asyncio.run(Trainer(config, out_dir=run_dir).run(overwrite=True))  # a scratch dir of this benchmark
     report = json.loads((run_dir / "eval.json").read_text())["overall"]
     curve = {0: report["before"], **asyncio.run(checkpoint_curve(config, run_dir))}
     shares = [learner_stat(r, "anchor_share", None) for r in result.history]

@@ -354,7 +354,7 @@ async def evaluate(
     if concurrency < 1 or not task_seeds:
         raise ConfigError("concurrency and the number of episodes must be at least 1")
     _check_envs(env_ids, config)
-    log = _open_run(out_dir, agent_name, env_ids) if out_dir is not None else None
+    log = _open_run(out_dir, agent_name, env_ids, config) if out_dir is not None else None
     previous = log.load() if log else []
     done = {EpisodeKey(r["env_id"], r["seed"], r["attempt"], r["seat"]) for r in previous if not r.get("error_kind")}
     todo = [key for key in episode_keys(env_ids, task_seeds, samples, config) if key not in done]
@@ -400,20 +400,37 @@ def _check_envs(env_ids: Sequence[str], config: EvalConfig) -> None:
         raise ConfigError(f"unknown opponent {config.opponent!r}", hint="use random, expert, scripted or an agent spec")
 
 
-def _open_run(out_dir: str | Path, agent_name: str, env_ids: Sequence[str]) -> EpisodeLog:
-    """Create out_dir (or reopen it to resume); a directory holding another agent's run is refused."""
+def _open_run(out_dir: str | Path, agent_name: str, env_ids: Sequence[str], config: EvalConfig) -> EpisodeLog:
+    """Create out_dir (or reopen it to resume); a directory holding a run of another agent, or of the same agent
+    under settings that change its episodes (turn limit, env kwargs, opponent, seats, pass threshold), is refused:
+    resuming it would mix two evaluations in one summary."""
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     run_file = path / "run.json"
+    settings = {
+        "max_turns": config.max_turns,
+        "env_kwargs": json.loads(json.dumps(config.env_kwargs, default=str)),
+        "opponent": config.opponent if isinstance(config.opponent, str) else "agent",
+        "seats": list(config.seats),
+        "success_threshold": config.success_threshold,
+    }
     if run_file.exists():
-        earlier = json.loads(run_file.read_text()).get("agent", "")
-        if earlier != agent_name:
+        earlier = json.loads(run_file.read_text())
+        if earlier.get("agent", "") != agent_name:
             raise ConfigError(
-                f"{path} holds an evaluation of agent {earlier!r}, not {agent_name!r}",
+                f"{path} holds an evaluation of agent {earlier.get('agent', '')!r}, not {agent_name!r}",
                 hint="use another --out directory",
             )
+        theirs = earlier.get("settings") or {}
+        changed = [k for k in settings if k in theirs and theirs[k] != settings[k]]
+        if changed:
+            was = ", ".join(f"{k} {theirs[k]!r} (now {settings[k]!r})" for k in changed)
+            raise ConfigError(
+                f"{path} holds an evaluation run with other settings: {was}; resuming it would mix the two",
+                hint=f"use another --out directory, or delete {path} to start over with these settings",
+            )
     else:
-        _write_json(run_file, {"agent": agent_name, "envs": list(env_ids)})
+        _write_json(run_file, {"agent": agent_name, "envs": list(env_ids), "settings": settings})
     return EpisodeLog(path / "episodes.jsonl")
 
 

@@ -1,13 +1,16 @@
 """Corridor-v0: a multi-turn env where credit assignment matters, the positive control of step-level advantages.
 
 The agent stands on square 0 of a corridor and must reach the last square within a few turns. Each reply either
-moves it one square forward or wastes the turn: a reply whose first letter lies in the first half of the alphabet
-(a to m) moves, anything else (n to z, no letter at all) does not. The reward, 1.0, comes only on arrival, so
-episode-level credit pays every turn of a successful episode the same, wasted ones included, while a step-level
-estimator (GiGPO) compares turns that acted from the same square: `info["anchor"]` is the square, exactly.
+moves it one square forward or wastes the turn, by its first letter: on an even square a reply starting with a to m
+moves, on an odd square one starting with n to z (with `alternate=False`, a to m everywhere); any other reply,
+and one with no letter, wastes the turn. The reward, 1.0, comes only on arrival, so episode-level credit pays every
+turn of a successful episode the same, wasted ones included, and blames the good moves of a failed one; a
+step-level estimator (GiGPO) compares turns that acted from the same square: `info["anchor"]` is the square, exactly.
 
 The rule is arbitrary on purpose: a random tiny model moves about half the time, so groups differ from the first
-step, and learning it is a matter of credit rather than knowledge (tests/trainer/test_credit_control.py).
+step, and learning it is a matter of credit rather than knowledge. Alternating makes the right reply depend on the
+square, so a policy that collapses onto one reply (what a tiny model does first) cannot pass, and each square's turns
+must be credited on their own (tests/trainer/test_credit_control.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 from envhub.core import AgentEnv
 from envhub.toolcalls import action_text
 
-MOVES = frozenset("abcdefghijklm")
+FIRST_HALF = frozenset("abcdefghijklm")
 
 
 def first_letter(text: str) -> str:
@@ -32,18 +35,22 @@ class CorridorEnv(AgentEnv):
     """
 
     system_prompt = (
-        "You walk down a corridor, one reply per turn. A reply that starts with a letter from a to m moves you one "
-        "square forward; any other reply wastes the turn. Reach the end before your turns run out."
+        "You walk down a corridor, one reply per turn. On an even square a reply that starts with a letter from a to "
+        "m moves you one square forward, on an odd square one that starts with a letter from n to z; any other reply "
+        "wastes the turn. Reach the end before your turns run out."
     )
     reward_doc = "1.0 on reaching the last square (episode ends), 0.0 otherwise (truncated after max_turns replies)"
 
-    def __init__(self, length: int = 3, max_turns: int = 5, render_mode: str | None = None) -> None:
+    def __init__(
+        self, length: int = 3, max_turns: int = 5, alternate: bool = True, render_mode: str | None = None
+    ) -> None:
         if length < 1:
             raise ValueError(f"Corridor length must be at least 1, got {length}")
         if max_turns < length:
             raise ValueError(f"max_turns ({max_turns}) must be at least the corridor's length ({length})")
         self.length = length
         self.max_turns = max_turns
+        self.alternate = alternate
         self.render_mode = render_mode
         self.position = 0
         self.played = 0
@@ -54,7 +61,9 @@ class CorridorEnv(AgentEnv):
         return self._observation(), {**info, **self._info(moved=False)}
 
     def step(self, action: str | dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        moved = first_letter(action_text(action)) in MOVES
+        letter = first_letter(action_text(action))
+        first_half = self.position % 2 == 0 or not self.alternate
+        moved = bool(letter) and (letter in FIRST_HALF) == first_half
         self.position += moved
         self.played += 1
         arrived = self.position >= self.length
@@ -64,7 +73,8 @@ class CorridorEnv(AgentEnv):
     def _observation(self) -> str:
         if self.position >= self.length:
             return "You reached the end of the corridor."
-        return f"You are on square {self.position}; the corridor ends at square {self.length}."
+        half = "a to m" if self.position % 2 == 0 or not self.alternate else "n to z"
+        return f"You are on square {self.position} ({half} moves you); the corridor ends at square {self.length}."
 
     def _info(self, moved: bool) -> dict[str, Any]:
         return {

@@ -3,7 +3,8 @@ as a reader would run it.
 
 Blocks run in a scratch directory, in order, sharing one namespace (like a notebook):
 - a block whose first line is `# file: NAME` is written to NAME instead of run;
-- ```python blocks are executed (top-level `await` allowed);
+- ```python blocks are executed (top-level `await` allowed, except in README.md, whose snippets a reader pastes
+  into a plain script: there it is a SyntaxError, as it would be for them);
 - ```bash blocks run line by line: `pip install -e .` installs the scratch package into a private
   target directory (never into the test venv), `envhub serve ...` starts in the background until the
   file is done, any other `envhub ...` must exit 0.
@@ -60,8 +61,9 @@ def envhub_has(*argv: str, needle: str) -> bool:
 class Runner:
     """Runs one markdown file's blocks in a scratch directory."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, top_level_await: bool = True) -> None:
         self.workdir = workdir
+        self.flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if top_level_await else 0
         self.site = workdir / ".site"  # where `pip install` puts the scratch package
         self.namespace: dict[str, object] = {"__name__": "__doc__"}
         self.servers: list[subprocess.Popen] = []
@@ -90,7 +92,7 @@ class Runner:
                     skip_section = block.section
 
     def python(self, block: Block) -> None:
-        code = compile(block.code, f"<doc block at line {block.line}>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        code = compile(block.code, f"<doc block at line {block.line}>", "exec", flags=self.flags)
         result = eval(code, self.namespace)
         if asyncio.iscoroutine(result):
             asyncio.run(result)
@@ -217,7 +219,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = code_blocks((REPO / "README.md").read_text())
     assert any("class Guess(envhub.AgentEnv)" in b.code for b in blocks)
     monkeypatch.chdir(tmp_path)
-    runner = Runner(tmp_path)
+    runner = Runner(tmp_path, top_level_await=False)  # each snippet runs as written in a script
     runner.run(blocks, ("python",))
     # the README's own example env passes gymnasium's checker (render_mode included)
     from gymnasium.utils.env_checker import check_env

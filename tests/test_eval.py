@@ -282,6 +282,13 @@ async def test_bad_arguments_are_one_clear_error(tmp_path):
     await evaluate(["Math-v0"], RandomAgent, episodes=1, out_dir=tmp_path, agent_name="random")
     with pytest.raises(ConfigError, match="holds an evaluation of agent 'random'"):
         await evaluate(["Math-v0"], ExpertAgent, episodes=1, out_dir=tmp_path, agent_name="expert")
+    # the same agent under settings that change its episodes: resuming would mix two evaluations in one summary
+    before = (tmp_path / "episodes.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match=r"other settings: max_turns 200 \(now 3\)") as refused:
+        await evaluate(["Math-v0"], RandomAgent, episodes=1, out_dir=tmp_path, agent_name="random",
+                       config=EvalConfig(max_turns=3))  # fmt: skip
+    assert "another --out" in refused.value.hint and (tmp_path / "episodes.jsonl").read_bytes() == before
+    await evaluate(["Math-v0"], RandomAgent, episodes=2, out_dir=tmp_path, agent_name="random")  # more episodes: fine
 
 
 def test_cli_prints_a_table_writes_files_and_resumes(tmp_path, capsys):

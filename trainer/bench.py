@@ -212,7 +212,7 @@ async def measure(
     `pipeline_*` leave the start-up out: from the first episode's start to the last step's end."""
     with _run_dir(Path(keep) if keep is not None else None, mode) as out, _pinned(WORKLOADS[workload].trainer_cpus):
         started, cpu_before = time.time(), cpu_times()
-        result = await Trainer(_config(mode, out, steps, seed, workload, env_kwargs)).run()
+        result = await Trainer(_config(mode, out, steps, seed, workload, env_kwargs)).run(overwrite=True)
         cpu = cpu_used(cpu_before, cpu_times())
         first_episode = _first_episode_start(Path(out))
     rows = result.history

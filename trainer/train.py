@@ -53,6 +53,7 @@ from envhub.trainer.run.resume import (
     save_run,
     stop_error,
 )
+from envhub.trainer.run.run_dir import claim_run_dir
 from envhub.trainer.run.stages import StageClock, StepTimer
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
@@ -132,13 +133,21 @@ class Trainer:
         """Finish the step in progress, save a checkpoint and return (what Ctrl-C does)."""
         self._stop.set()
 
-    async def run(self, resume: bool = False) -> TrainResult:
-        """Train until the step or time budget is spent, or `request_stop` is called."""
+    async def run(self, resume: bool = False, overwrite: bool = False) -> TrainResult:
+        """Train until the step or time budget is spent, or `request_stop` is called.
+
+        A directory that holds another run is refused unless `resume` (continue it) or `overwrite` (delete what
+        the trainer wrote there): trainer/run/run_dir.py."""
         started = time.monotonic()
         self.learner_group = start_learner_processes(self.config)  # None with one learner process
         if self.learner_group is not None and self.learner_group.rank > 0:  # a torchrun follower: no rollouts here
             await asyncio.to_thread(run_follower, self.config, self.learner_group)
             return TrainResult(self.out_dir, 0, 0, False, time.monotonic() - started, None, stop_reason="follower")
+        try:
+            claim_run_dir(self.out_dir, resume=resume, overwrite=overwrite)
+        except BaseException:
+            await self._abandon()
+            raise
         try:
             run = await self._prepare(resume, started)
         except BaseException as failure:
@@ -351,7 +360,7 @@ class Trainer:
             run.warned_off_policy = True
             print(warning, file=sys.stderr, flush=True)
         if self.on_step is not None:
-            self.on_step(row)
+            self.on_step({**row, "step": run.step})
         budget = self.config.budget
         if run.step % budget.checkpoint_every == 0 or run.step == budget.steps:
             run.saved = await self._save(run)

@@ -36,6 +36,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from envhub.registry import list_envs
 
     specs = list_envs(tag=args.tag)
+    if args.source:
+        sources = sorted({s.source for s in specs})
+        specs = [s for s in specs if s.source == args.source]
+        if not specs:
+            print(f"no environment comes from {args.source!r}; sources here: {', '.join(sources)}", file=sys.stderr)
+            return 1
     why = {s.id: unavailable(s) for s in specs}
     if args.available:
         specs = [s for s in specs if not why[s.id]]
@@ -69,7 +75,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     hidden = sum(1 for reason in why.values() if reason)
     if hidden and not args.available:
         print(f"\n{hidden} ids cannot run on this machine (marked); `envhub list --available` hides them")
-    if args.tag is None:  # the adapted families' counts close the full listing
+    if args.tag is None and args.source is None:  # the adapted families' counts close the full listing
         from envhub.envs.adapters.family import family_lines
 
         print("\nadapted families (docs/adapters.md):\n  " + "\n  ".join(family_lines()))
@@ -153,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("list", help="list registered environments")
     p.add_argument("--tag", help="only environments with this tag (e.g. game, math, multi-agent)")
+    p.add_argument("--source", help="only environments from this source (envhub for the bundled ones, textarena, ...)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--available",

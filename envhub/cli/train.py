@@ -1,5 +1,8 @@
-"""`envhub train CONFIG [--resume] [--out DIR] [--ray local|ADDRESS]`, `envhub bench async` and `envhub bench all --out
-DIR`."""
+"""`envhub train CONFIG [--resume | --overwrite] [--out DIR] [--ray local|ADDRESS]`, `envhub bench async` and
+`envhub bench all --out DIR`.
+
+On a terminal a progress bar follows the run; elsewhere (a log file, CI) each step is one plain line instead, so a
+log holds no carriage-return redraws."""
 
 from __future__ import annotations
 
@@ -37,15 +40,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\''
             ) from None
         ray = RayOptions(address=args.ray, workers=args.ray_workers, resources=resources)
-    bar = tqdm(total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+    terminal = sys.stderr.isatty()
+    bar = tqdm(
+        total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, disable=not terminal
+    )
 
     def on_step(row: dict[str, Any]) -> None:
         reward = row["reward"].get("all")
-        bar.set_postfix(
-            reward="-" if reward is None else f"{reward:.3f}",
-            loss=f"{row['learner']['loss']:.4f}",
-            stale=f"{row['staleness']:.1f}",
-        )
+        postfix = {
+            "reward": "-" if reward is None else f"{reward:.3f}",
+            "loss": f"{row['learner']['loss']:.4f}",
+            "stale": f"{row['staleness']:.1f}",
+        }
+        if not terminal:
+            fields = " ".join(f"{k} {v}" for k, v in postfix.items())
+            line = f"step {row['step']}/{config.budget.steps} {fields} ({row['step_s']:.1f}s)"
+            print(line, file=sys.stderr, flush=True)
+        bar.set_postfix(**postfix)
         bar.update(1)
 
     trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
@@ -60,7 +71,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, trainer.request_stop)
-        return await trainer.run(resume=args.resume)
+        return await trainer.run(resume=args.resume, overwrite=args.overwrite)
 
     try:
         result = asyncio.run(main())
@@ -132,6 +143,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("train", help="train a policy with async GRPO from a YAML config")
     p.add_argument("config", help="YAML config, e.g. configs/ci-tiny.yaml")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the output dir")
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete the run already in the output dir and start a new one"
+    )
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
     add_import_option(p)

@@ -23,6 +23,12 @@ def test_list_shows_builtins_and_filters_by_tag(capsys):
     assert main(["list", "--tag", "math"]) == 0
     out = capsys.readouterr().out
     assert "Math-v0" in out and "Sokoban-v0" not in out
+    # envhub's own games, without the hundreds the adapted suites register under the same tag
+    assert main(["list", "--tag", "game", "--source", "envhub"]) == 0
+    ids = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert "Sokoban-v0" in ids and not any(i.startswith(("ta-", "gem-")) for i in ids) and len(ids) < 20
+    assert main(["list", "--source", "nowhere"]) == 1
+    assert "sources here:" in capsys.readouterr().err
 
 
 def test_unknown_id_is_one_line_with_a_suggestion_and_nonzero_exit():

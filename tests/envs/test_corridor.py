@@ -6,9 +6,9 @@ import envhub
 from envhub.envs.corridor import CorridorEnv, first_letter
 
 
-def test_a_reply_moves_when_its_first_letter_is_a_to_m():
+def test_a_reply_moves_when_its_first_letter_is_in_the_squares_half_of_the_alphabet():
     assert first_letter("  42 apples") == "a" and first_letter("...") == ""
-    env = CorridorEnv(length=2, max_turns=3)
+    env = CorridorEnv(length=2, max_turns=4)
     _, info = env.reset(seed=0)
     assert info["anchor"] == "square=0" and info["position"] == 0
     _, reward, terminated, truncated, info = env.step("Zebra")  # n-z: the turn is wasted
@@ -16,15 +16,20 @@ def test_a_reply_moves_when_its_first_letter_is_a_to_m():
     assert info["anchor"] == "square=0"  # a wasted turn leaves the state, and its anchor, as they were
     _, reward, terminated, _, info = env.step("hello")
     assert (reward, terminated, info["anchor"]) == (0.0, False, "square=1")
-    _, reward, terminated, _, info = env.step("Apple")
+    _, _, _, _, info = env.step("Apple")  # odd square: a-m wastes the turn here
+    assert not info["moved"] and info["anchor"] == "square=1"
+    _, reward, terminated, _, info = env.step("zebra")
     assert (reward, terminated, info["success"]) == (1.0, True, True)
+    plain = CorridorEnv(length=2, max_turns=2, alternate=False)
+    plain.reset(seed=0)
+    assert plain.step("apple")[4]["moved"] and plain.step("apple")[2]  # a-m moves on every square
 
 
 def test_the_turn_limit_truncates_without_reward():
     env = envhub.make("Corridor-v0", length=2, max_turns=2)
     env.reset(seed=0)
     env.step("a")
-    _, reward, terminated, truncated, info = env.step("zzz")
+    _, reward, terminated, truncated, info = env.step("a")
     assert (reward, terminated, truncated, info["success"]) == (0.0, False, True, False)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from envhub.trainer.config import config_from_dict
 from envhub.trainer.learner.checkpoint import latest_checkpoint
+from envhub.trainer.run.run_dir import RunDirTaken
 from envhub.trainer.train import Trainer
 
 pytest.importorskip("envhub.trainer.engines.embedded.engine")
@@ -54,6 +55,13 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     assert ckpt.step == 2 and (ckpt.path / "model.safetensors").exists() and (ckpt.path / "optimizer.pt").exists()
     assert ckpt.state["queue"]["version"] == 2 and ckpt.state["queue"]["consumed"] == 4
 
+    # a new run into this directory is refused, and the run there is left as it was
+    before = {name: (tmp_path / name).read_bytes() for name in ("metrics.jsonl", "episodes.jsonl", "latest")}
+    with pytest.raises(RunDirTaken, match="already holds a run") as refused:
+        await Trainer(config).run()
+    assert "--resume" in refused.value.hint and "--overwrite" in refused.value.hint
+    assert before == {name: (tmp_path / name).read_bytes() for name in before}
+
     # the checkpoint is a Hugging Face model directory
     from transformers import AutoModelForCausalLM
 
@@ -89,6 +97,16 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     )
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["queue/consumed"] == 6
+
+    # --overwrite: a new run from step 1, none of the old run's rows, checkpoints or evaluations beside it
+    (tmp_path / "notes.txt").write_text("mine")
+    config.budget.steps = 1
+    third = await Trainer(config).run(overwrite=True)
+    assert (third.first_step, third.last_step) == (0, 1)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # only what the trainer writes is deleted
 
 
 async def test_sync_mode_never_trains_on_stale_groups(tmp_path):
@@ -133,6 +151,9 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == done + 1
+    # stderr is a pipe, not a terminal: one plain line a step, no progress-bar redraws
+    assert "step 1/10000 reward" in err and "\r" not in err + resumed.stderr
+    assert f"step {done + 1}/{done + 1} reward" in resumed.stderr
 
 
 @pytest.mark.slow

@@ -1,0 +1,70 @@
+"""benchmarks/credit_assignment.py: each run's config, the paired summary over seeds, the merge and bad arguments."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from envhub.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+spec = importlib.util.spec_from_file_location("credit_assignment", ROOT / "benchmarks" / "credit_assignment.py")
+credit = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(credit)
+
+
+def test_a_run_trains_its_estimator_for_exact_steps_from_the_shared_checkpoint():
+    config = credit.run_config(str(ROOT / "configs" / "credit-frozenlake.yaml"), ["algorithm.lr=2e-5"],
+                               estimator="turn", seed=4, steps=7, curve_every=2, eval_episodes=9,
+                               model="/ckpt")  # fmt: skip
+    algo, budget = config.algorithm, config.budget
+    assert (algo.advantage, algo.lr, algo.filter_zero_variance, config.seed) == ("turn", 2e-5, False, 4)
+    assert (budget.steps, budget.checkpoint_every, budget.checkpoint_keep, budget.max_time_s) == (7, 2, 0, 0.0)
+    assert config.model.name == "/ckpt" and not config.sft.collect  # RL only: the SFT stage ran once, before
+    assert (config.evaluation.episodes, config.evaluation.temperature, config.evaluation.before) == (9, 0.0, True)
+
+
+def run(estimator, seed, final, curve):
+    return {"env": "FrozenLake-v0", "estimator": estimator, "seed": seed, "final": final, "anchor_share": 0.5,
+            "curve": {str(k): v for k, v in curve.items()}}  # fmt: skip
+
+
+def test_the_summary_pairs_seeds_and_finds_when_each_estimator_reached_the_checkpoint_plus_0_1():
+    runs = [
+        run("grpo", 0, 0.40, {0: 0.3, 5: 0.35, 10: 0.40}),
+        run("grpo", 1, 0.30, {0: 0.3, 5: 0.30, 10: 0.30}),
+        run("gigpo", 0, 0.60, {0: 0.3, 5: 0.45, 10: 0.60}),
+        run("gigpo", 1, 0.50, {0: 0.3, 5: 0.40, 10: 0.50}),
+        run("gigpo", 2, 0.90, {0: 0.3, 5: 0.90, 10: 0.90}),  # no grpo run of seed 2: not paired
+    ]
+    summary = credit.summarise_env(runs)
+    diff = summary["gigpo_minus_grpo"]
+    assert diff["seeds"] == [0, 1] and diff["mean"] == pytest.approx(0.2) and diff["se"] == pytest.approx(0.0)
+    assert diff["goal_met"]
+    assert summary["estimators"]["gigpo"]["steps_to_sft_plus_0.1"] == 5  # mean curve 0.583 at step 5 >= 0.3 + 0.1
+    assert summary["estimators"]["grpo"]["steps_to_sft_plus_0.1"] is None  # never got there
+
+
+def test_merge_reads_run_files_and_refuses_others(tmp_path):
+    files = []
+    for i, r in enumerate([run("grpo", 0, 0.4, {0: 0.3}), run("turn", 0, 0.5, {0: 0.3})]):
+        files.append(tmp_path / f"r{i}.json")
+        files[-1].write_text(json.dumps(r))
+    report = credit.merge([str(f) for f in files], tmp_path / "out.json")
+    assert report["envs"]["FrozenLake-v0"]["turn_minus_grpo"]["mean"] == pytest.approx(0.1)
+    (tmp_path / "bad.json").write_text('{"runs": {}}')
+    with pytest.raises(ConfigError, match="not a credit_assignment run file"):
+        credit.merge([str(tmp_path / "bad.json")], tmp_path / "out.json")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--estimators", "gipgo"], "unknown"), (["--seeds", "a,b"], "integers"), (["--steps", "0"], "at least 1")],
+)
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        credit.parse_args(argv)
+    assert message in capsys.readouterr().err
