@@ -63,8 +63,9 @@ class EpisodeRecord:
     seat: int | None
     agent: str
     reward: float = 0.0
-    success: bool = False
+    success: bool = False  # `episode_success`: the env's own verdict when it gives one, else the reward threshold
     progress: float | None = None  # the env's last info["progress"] (0-100, BALROG's measure), when it reports one
+    env_success: bool | None = None  # the env's last info["success"], when it reports one
     steps: int = 0
     finish: str = "error"  # terminated | truncated | max_turns | timeout | error
     error: str | None = None
@@ -127,7 +128,7 @@ def summarize(records: Iterable[EpisodeRecord | dict[str, Any]], ks: Sequence[in
         pass_k: dict[str, float | None] = {}
         for k in ks:
             values = [pass_at_k(len(s), sum(s), k) for s in by_task.values() if len(s) >= k]
-            pass_k[str(k)] = sum(values) / len(values) if values else None
+            pass_k[str(k)] = round(sum(values) / len(values), 6) if values else None
         errors: dict[str, int] = defaultdict(int)
         for r in rows:
             if r.get("error_kind"):
@@ -136,8 +137,8 @@ def summarize(records: Iterable[EpisodeRecord | dict[str, Any]], ks: Sequence[in
                 errors["malformed_tool_call"] += int(r["malformed_tool_calls"])
         summary[group] = {
             "episodes": n,
-            "mean_reward": mean,
-            "stderr": stderr,
+            "mean_reward": round(mean, 6),  # no float noise (0.9999999999999998) in reports
+            "stderr": round(stderr, 6),
             "pass_at_k": pass_k,
             "errors": dict(sorted(errors.items())),
         }
@@ -152,7 +153,7 @@ def _mean_stderr(values: list[float]) -> dict[str, float]:
     n = len(values)
     mean = sum(values) / n
     stderr = math.sqrt(sum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else 0.0
-    return {"mean": mean, "stderr": stderr, "episodes": n}
+    return {"mean": round(mean, 6), "stderr": round(stderr, 6), "episodes": n}
 
 
 class EpisodeLog:
@@ -268,8 +269,19 @@ async def run_episode(
             await _close_agent(agent)
     if record.error_kind:
         record.finish = "timeout" if record.error_kind == "timeout" else "error"
-    record.success = record.error_kind is None and record.reward >= config.success_threshold - 1e-9
+    record.success = record.error_kind is None and episode_success(record, config.success_threshold)
     return record
+
+
+def episode_success(record: EpisodeRecord, threshold: float) -> bool:
+    """Whether an episode succeeded, by the env's own account first: its last `info["success"]`, else its last
+    `info["progress"]` reaching 100 (BALROG's suites), else a return of at least `threshold`. A global reward
+    threshold alone misjudged envs whose reward stays below 1 when solved (MiniGrid's 1 - 0.9 * steps / max_steps)."""
+    if record.env_success is not None:
+        return record.env_success
+    if record.progress is not None:
+        return record.progress >= 100.0 - 1e-9
+    return record.reward >= threshold - 1e-9
 
 
 async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, record: EpisodeRecord) -> None:
@@ -299,6 +311,8 @@ async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, rec
         record.steps += 1
         if isinstance(info.get("progress"), (int, float)):
             record.progress = float(info["progress"])
+        if isinstance(info.get("success"), bool):
+            record.env_success = info["success"]
         if terminated or truncated:
             record.finish = "terminated" if terminated else "truncated"
             return

@@ -1,16 +1,16 @@
 """Corridor-v0: a multi-turn env where credit assignment matters, the positive control of step-level advantages.
 
 The agent stands on square 0 of a corridor and must reach the last square within a few turns. Each reply either
-moves it one square forward or wastes the turn, by its first letter: on an even square a reply starting with a to m
-moves, on an odd square one starting with n to z (with `alternate=False`, a to m everywhere); any other reply,
-and one with no letter, wastes the turn. The reward, 1.0, comes only on arrival, so episode-level credit pays every
+moves it one square forward or wastes the turn, by its first letter: a reply starting with a to m moves (with
+`alternate=True`: on even squares; on odd squares one starting with n to z does); any other reply, and one with no
+letter, wastes the turn. The reward, 1.0, comes only on arrival, so episode-level credit pays every
 turn of a successful episode the same, wasted ones included, and blames the good moves of a failed one; a
 step-level estimator (GiGPO) compares turns that acted from the same square: `info["anchor"]` is the square, exactly.
 
 The rule is arbitrary on purpose: a random tiny model moves about half the time, so groups differ from the first
-step, and learning it is a matter of credit rather than knowledge. Alternating makes the right reply depend on the
-square, so a policy that collapses onto one reply (what a tiny model does first) cannot pass, and each square's turns
-must be credited on their own (tests/trainer/test_credit_control.py).
+step, and learning it is a matter of credit rather than knowledge (tests/trainer/test_credit_control.py).
+Alternating makes the right reply depend on the square, so a policy that collapses onto one reply cannot pass; the
+tiny model did not learn it in 12 steps with either estimator (docs/trainer.md, the positive control).
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ class CorridorEnv(AgentEnv):
     """
 
     system_prompt = (
+        "You walk down a corridor, one reply per turn. A reply that starts with a letter from a to m moves you one "
+        "square forward; any other reply wastes the turn. Reach the end before your turns run out."
+    )
+    alternating_prompt = (
         "You walk down a corridor, one reply per turn. On an even square a reply that starts with a letter from a to "
         "m moves you one square forward, on an odd square one that starts with a letter from n to z; any other reply "
         "wastes the turn. Reach the end before your turns run out."
@@ -42,7 +46,7 @@ class CorridorEnv(AgentEnv):
     reward_doc = "1.0 on reaching the last square (episode ends), 0.0 otherwise (truncated after max_turns replies)"
 
     def __init__(
-        self, length: int = 3, max_turns: int = 5, alternate: bool = True, render_mode: str | None = None
+        self, length: int = 3, max_turns: int = 5, alternate: bool = False, render_mode: str | None = None
     ) -> None:
         if length < 1:
             raise ValueError(f"Corridor length must be at least 1, got {length}")
@@ -51,6 +55,8 @@ class CorridorEnv(AgentEnv):
         self.length = length
         self.max_turns = max_turns
         self.alternate = alternate
+        if alternate:
+            self.system_prompt = self.alternating_prompt
         self.render_mode = render_mode
         self.position = 0
         self.played = 0

@@ -15,7 +15,7 @@ import pytest
 from envhub.agents import Agent, ExpertAgent, RandomAgent
 from envhub.cli.main import main
 from envhub.errors import ConfigError
-from envhub.eval import EpisodeLog, EvalConfig, evaluate, pass_at_k, summarize
+from envhub.eval import EpisodeLog, EpisodeRecord, EvalConfig, episode_success, evaluate, pass_at_k, summarize
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
@@ -81,7 +81,7 @@ def test_summary_mean_stderr_pass_at_k_and_error_counts():
     row = summary["Math-v0"]
     flat = [r for values in rewards.values() for r in values]
     assert row["episodes"] == 9 and row["mean_reward"] == pytest.approx(statistics.mean(flat))
-    assert row["stderr"] == pytest.approx(statistics.stdev(flat) / math.sqrt(9))
+    assert row["stderr"] == pytest.approx(statistics.stdev(flat) / math.sqrt(9), abs=1e-6)  # 6 decimals
     assert row["pass_at_k"]["1"] == pytest.approx((2 / 3 + 0 + 2 / 3) / 3)
     assert row["pass_at_k"]["2"] == pytest.approx((1 + 0 + 1) / 3)
     assert row["errors"] == {"auth": 1, "malformed_tool_call": 3}
@@ -385,3 +385,18 @@ async def test_an_env_whose_construction_fails_is_an_env_error_and_the_agent_is_
     records = EpisodeLog(tmp_path / "episodes.jsonl").load()
     assert {r["error_kind"] for r in records} == {"env_error"} and "levels.txt is missing" in records[0]["error"]
     assert ClosingAgent.closed == 2  # every episode's agent is closed, on the failure path too
+
+
+async def test_success_is_the_envs_own_verdict_not_a_global_reward_of_one():
+    """MiniGrid pays 1 - 0.9 * steps / max_steps for a solved level, always below 1, and says so in
+    info["success"]: the expert's episodes are successes (pass@1 1.0) though no reward reaches 1.0."""
+    summary = await evaluate(["minigrid-BabyAI-GoToLocal-v0"], ExpertAgent, episodes=3, seeds=1000)
+    row = summary["minigrid-BabyAI-GoToLocal-v0"]
+    assert 0.5 < row["mean_reward"] < 1.0 and row["pass_at_k"]["1"] == 1.0
+    assert row["mean_reward"] == round(row["mean_reward"], 6)  # no float noise in the report
+    record = EpisodeRecord("Math-v0", 0, 0, None, "a", reward=0.5)
+    assert not episode_success(record, 1.0) and episode_success(record, 0.5)  # no verdict: the threshold
+    record.progress = 100.0
+    assert episode_success(record, 1.0)
+    record.env_success = False  # the env's own word comes first
+    assert not episode_success(record, 1.0)

@@ -8,7 +8,7 @@ from envhub.envs.corridor import CorridorEnv, first_letter
 
 def test_a_reply_moves_when_its_first_letter_is_in_the_squares_half_of_the_alphabet():
     assert first_letter("  42 apples") == "a" and first_letter("...") == ""
-    env = CorridorEnv(length=2, max_turns=4)
+    env = CorridorEnv(length=2, max_turns=4, alternate=True)
     _, info = env.reset(seed=0)
     assert info["anchor"] == "square=0" and info["position"] == 0
     _, reward, terminated, truncated, info = env.step("Zebra")  # n-z: the turn is wasted
@@ -20,7 +20,8 @@ def test_a_reply_moves_when_its_first_letter_is_in_the_squares_half_of_the_alpha
     assert not info["moved"] and info["anchor"] == "square=1"
     _, reward, terminated, _, info = env.step("zebra")
     assert (reward, terminated, info["success"]) == (1.0, True, True)
-    plain = CorridorEnv(length=2, max_turns=2, alternate=False)
+    assert "odd square" in env.system_prompt
+    plain = CorridorEnv(length=2, max_turns=2)
     plain.reset(seed=0)
     assert plain.step("apple")[4]["moved"] and plain.step("apple")[2]  # a-m moves on every square
 
@@ -29,7 +30,7 @@ def test_the_turn_limit_truncates_without_reward():
     env = envhub.make("Corridor-v0", length=2, max_turns=2)
     env.reset(seed=0)
     env.step("a")
-    _, reward, terminated, truncated, info = env.step("a")
+    _, reward, terminated, truncated, info = env.step("zzz")
     assert (reward, terminated, truncated, info["success"]) == (0.0, False, True, False)
 
 
