@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 
 from envhub.agents import Agent, ExpertAgent, RandomAgent
-from envhub.cli.main import main
+from envhub.cli.main import build_parser, main
 from envhub.errors import ConfigError
 from envhub.eval import EpisodeLog, EpisodeRecord, EvalConfig, episode_success, evaluate, pass_at_k, summarize
 
@@ -320,6 +320,25 @@ def test_cli_prints_a_table_writes_files_and_resumes(tmp_path, capsys):
     assert main(argv) == 0  # resumed: nothing left to play, same summary
     assert json.loads((out / "summary.json").read_text()) == summary
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 18
+
+
+def test_cli_says_how_many_episodes_its_limits_cut(capsys):
+    argv = ["eval", "Letters-v0", "--agent", "random", "-n", "3", "--kwargs", '{"turns": 10}', "--max-turns", "2"]
+    assert main([*argv, "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "episodes cut short: 3 at the 2-turn limit (--max-turns)" in err
+    assert build_parser().parse_args(["eval", "Math-v0", "--agent", "random"]).max_turns == 50  # a person's wait
+
+
+def test_cli_shows_the_first_error_of_each_kind_with_its_message(capsys):
+    """A typo in --kwargs makes every episode an env error: the message is on the terminal once, not only in
+    episodes.jsonl (and nowhere without --out)."""
+    argv = ["eval", "Math-v0", "--agent", "random", "-n", "3", "--kwargs", '{"dimm": 5}', "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    first = [line for line in err.splitlines() if "env_error:" in line]
+    assert len(first) == 1 and "dimm" in first[0] and re.match(r"envhub: Math-v0 seed \d: env_error: ", first[0])
+    assert "3 episode(s) ended in an error" in err
 
 
 @pytest.mark.parametrize(

@@ -244,7 +244,7 @@ class BudgetConfig:
 
     steps: int = 10  #: learner steps
     max_time_s: float = 0.0  #: RL wall-time limit from RL's start (evaluations, SFT not counted; 0 = none)
-    max_run_s: float = 0.0  #: cap of the whole run from its start, evaluations and SFT included (0 = none)
+    max_run_s: float = 0.0  #: cap of the whole run, evaluations and SFT included: RL leaves the final one its time
     checkpoint_every: int = 5  #: steps between checkpoints (the last step always saves)
     checkpoint_keep: int = 3  #: newest checkpoints kept on disk (0 = all)
     checkpoint_max_shard_size: str = "5GB"  #: largest safetensors shard of a saved model

@@ -318,10 +318,13 @@ class Trainer:
             self.engine.raise_if_failed()  # a managed server that exited, or an outage past max_outage_s
 
     def _out_of_time(self, run: _Run) -> bool:
-        budget, now = self.config.budget, time.monotonic()  # max_time_s: RL's own; max_run_s: the whole run's cap
+        """max_time_s: RL's own time; max_run_s: the whole run's, the final evaluation included (RL stops early
+        enough to leave it the time the run's latest evaluation took, with a margin)."""
+        budget, now = self.config.budget, time.monotonic()
         rl_started = self.clock.rl_started or now
+        reserve = self.clock.final_evaluation_reserve() if run.evaluation is not None else 0.0
         if (budget.max_time_s and now - rl_started > budget.max_time_s) or (
-            budget.max_run_s and now - run.started > budget.max_run_s
+            budget.max_run_s and now - run.started + reserve > budget.max_run_s
         ):
             self.stop_reason = "time budget spent"
             return True

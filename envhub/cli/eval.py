@@ -40,6 +40,22 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs=env_kwargs,
     )
     ks = sorted({int(x) for part in (args.k or ["1"]) for x in str(part).split(",") if x})
+    first_errors: dict[tuple[str, str], str] = {}
+
+    cut = {"max_turns": 0, "timeout": 0}
+
+    def on_episode(record: Any) -> None:
+        if record.finish in cut:
+            cut[record.finish] += 1
+        show_first_error(record)
+
+    def show_first_error(record: Any) -> None:
+        """The first error of each kind on each env, with its message, the moment it happens (the rest are
+        counted in the table's errors column and kept in episodes.jsonl)."""
+        key = (record.env_id, record.error_kind or "")
+        if record.error_kind and key not in first_errors:
+            first_errors[key] = line = f"{record.env_id} seed {record.seed}: {record.error_kind}: {record.error}"
+            print(f"envhub: {line[:600]}", file=sys.stderr, flush=True)
 
     async def run() -> dict[str, Any]:
         try:
@@ -55,6 +71,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 config=config,
                 agent_name=args.agent,
                 progress=not args.quiet,
+                on_episode=on_episode,
             )
         finally:
             await factory.aclose()
@@ -67,6 +84,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.out:
         print(f"wrote {args.out}/summary.json and {args.out}/episodes.jsonl")
+    if cut["max_turns"] or cut["timeout"]:
+        parts = [f"{cut['max_turns']} at the {args.max_turns}-turn limit (--max-turns)"] if cut["max_turns"] else []
+        parts += (
+            [f"{cut['timeout']} at the {args.episode_timeout:g} s limit (--episode-timeout)"] if cut["timeout"] else []
+        )
+        print(f"envhub: episodes cut short: {', '.join(parts)}; raise the limit to let them finish", file=sys.stderr)
     failed = sum(n for row in summary.values() for kind, n in row["errors"].items() if kind != "malformed_tool_call")
     if failed:
         print(
@@ -122,8 +145,15 @@ def add_commands(sub: Any) -> None:
         choices=("auto", "native", "text"),
         help="openai: agents: native tool calls or tools in the prompt",
     )
-    p.add_argument("--max-turns", type=int, default=200, help="turns per episode before it is cut (default 200)")
-    p.add_argument("--episode-timeout", type=float, default=900.0, help="seconds per episode (default 900)")
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=50,
+        help="turns per episode before it is cut (default 50; the end counts the cut ones)",
+    )
+    p.add_argument(
+        "--episode-timeout", type=float, default=300.0, help="seconds per episode before it is cut (default 300)"
+    )
     p.add_argument(
         "--success-threshold", type=float, default=1.0, help="total reward that counts as a pass (default 1.0)"
     )

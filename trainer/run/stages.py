@@ -47,6 +47,12 @@ class StageClock:
             self.stages[name] = round(time.monotonic() - started, 1)
             self.write()
 
+    def final_evaluation_reserve(self) -> float:
+        """Seconds to keep for the evaluation after RL: 1.25 x the latest evaluation of the run (the same episodes;
+        the trained policy took up to 1.25x the SFT checkpoint's time in the demo), 0 when none ran yet."""
+        latest = [seconds for name, seconds in self.stages.items() if name.startswith("evaluation")]
+        return 1.25 * latest[-1] if latest else 0.0
+
     def start_rl(self) -> None:
         """Mark RL's start (the time budget counts from here)."""
         self.rl_started = time.monotonic()

@@ -59,3 +59,10 @@ def test_a_budget_that_fits_under_half_the_steps_says_so_with_the_figures(tmp_pa
     clock.stages["rl"] = 200.0
     capped = clock.shortfall(configured_steps=24, max_time_s=0, max_run_s=720)
     assert capped is not None and "(budget.max_run_s = 720s in all, RL had 200s)" in capped
+
+
+def test_the_final_evaluation_is_reserved_the_latest_evaluations_time_with_a_margin(tmp_path):
+    clock = StageClock(tmp_path)
+    assert clock.final_evaluation_reserve() == 0.0  # no evaluation yet: nothing to go by
+    clock.stages.update({"evaluation before": 300.0, "sft": 150.0, "evaluation sft": 120.0})
+    assert clock.final_evaluation_reserve() == pytest.approx(150.0)  # the latest one, x 1.25
