@@ -32,7 +32,8 @@ async def test_expert_board_game_players_against_random():
     assert min(r.reward for r in ttt) == 0.0 and max(r.reward for r in ttt) == 1.0  # the minimax player never loses
     assert sum(r.reward == 1.0 for r in ttt) > len(ttt) // 2
     kuhn = summary["KuhnPoker-v0#seat0"]["mean_reward"] + summary["KuhnPoker-v0#seat1"]["mean_reward"]
-    assert kuhn > 0.3  # the Nash player wins chips from a random one on average
+    assert kuhn >= 0.3  # the Nash player wins chips from a random one on average (0.3 on these seeds: once 0.3 plus
+    # float noise, which passed `> 0.3`; summaries now round to 6 decimals)
 
 
 @pytest.mark.docker

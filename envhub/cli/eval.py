@@ -11,6 +11,35 @@ from typing import Any
 from envhub.cli.imports import add_import_option
 
 
+class EpisodeWatch:
+    """What `envhub eval` tells as episodes end: the first error of each kind on each env with its message, the
+    moment it happens (the rest are counted in the table's errors column and kept in episodes.jsonl), and at the end
+    how many episodes each limit cut."""
+
+    def __init__(self) -> None:
+        self.first_errors: dict[tuple[str, str], str] = {}
+        self.cut = {"max_turns": 0, "timeout": 0}
+
+    def on_episode(self, record: Any) -> None:
+        if record.finish in self.cut:
+            self.cut[record.finish] += 1
+        key = (record.env_id, record.error_kind or "")
+        if record.error_kind and key not in self.first_errors:
+            self.first_errors[key] = line = f"{record.env_id} seed {record.seed}: {record.error_kind}: {record.error}"
+            print(f"envhub: {line[:600]}", file=sys.stderr, flush=True)
+
+    def report_cuts(self, max_turns: int, timeout_s: float) -> None:
+        limits = {
+            "max_turns": f"the {max_turns}-turn limit (--max-turns)",
+            "timeout": f"the {timeout_s:g} s limit (--episode-timeout)",
+        }
+        parts = [f"{n} at {limits[kind]}" for kind, n in self.cut.items() if n]
+        if parts:
+            print(
+                f"envhub: episodes cut short: {', '.join(parts)}; raise the limit to let them finish", file=sys.stderr
+            )
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from envhub.cli.agent_spec import make_agent_factory
     from envhub.errors import ConfigError
@@ -40,22 +69,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs=env_kwargs,
     )
     ks = sorted({int(x) for part in (args.k or ["1"]) for x in str(part).split(",") if x})
-    first_errors: dict[tuple[str, str], str] = {}
-
-    cut = {"max_turns": 0, "timeout": 0}
-
-    def on_episode(record: Any) -> None:
-        if record.finish in cut:
-            cut[record.finish] += 1
-        show_first_error(record)
-
-    def show_first_error(record: Any) -> None:
-        """The first error of each kind on each env, with its message, the moment it happens (the rest are
-        counted in the table's errors column and kept in episodes.jsonl)."""
-        key = (record.env_id, record.error_kind or "")
-        if record.error_kind and key not in first_errors:
-            first_errors[key] = line = f"{record.env_id} seed {record.seed}: {record.error_kind}: {record.error}"
-            print(f"envhub: {line[:600]}", file=sys.stderr, flush=True)
+    watch = EpisodeWatch()
 
     async def run() -> dict[str, Any]:
         try:
@@ -71,7 +85,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
                 config=config,
                 agent_name=args.agent,
                 progress=not args.quiet,
-                on_episode=on_episode,
+                on_episode=watch.on_episode,
             )
         finally:
             await factory.aclose()
@@ -84,12 +98,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.out:
         print(f"wrote {args.out}/summary.json and {args.out}/episodes.jsonl")
-    if cut["max_turns"] or cut["timeout"]:
-        parts = [f"{cut['max_turns']} at the {args.max_turns}-turn limit (--max-turns)"] if cut["max_turns"] else []
-        parts += (
-            [f"{cut['timeout']} at the {args.episode_timeout:g} s limit (--episode-timeout)"] if cut["timeout"] else []
-        )
-        print(f"envhub: episodes cut short: {', '.join(parts)}; raise the limit to let them finish", file=sys.stderr)
+    watch.report_cuts(args.max_turns, args.episode_timeout)
     failed = sum(n for row in summary.values() for kind, n in row["errors"].items() if kind != "malformed_tool_call")
     if failed:
         print(

@@ -17,7 +17,6 @@ from envhub.cli.imports import add_import_option
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
 
     from envhub.trainer.config import load_config
     from envhub.trainer.train import Trainer
@@ -40,25 +39,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 f"--ray-resources is not JSON: {exc}", hint='e.g. --ray-resources \'{"env_host": 1}\''
             ) from None
         ray = RayOptions(address=args.ray, workers=args.ray_workers, resources=resources)
-    terminal = sys.stderr.isatty()
-    bar = tqdm(
-        total=config.budget.steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, disable=not terminal
-    )
-
-    def on_step(row: dict[str, Any]) -> None:
-        reward = row["reward"].get("all")
-        postfix = {
-            "reward": "-" if reward is None else f"{reward:.3f}",
-            "loss": f"{row['learner']['loss']:.4f}",
-            "stale": f"{row['staleness']:.1f}",
-        }
-        if not terminal:
-            fields = " ".join(f"{k} {v}" for k, v in postfix.items())
-            line = f"step {row['step']}/{config.budget.steps} {fields} ({row['step_s']:.1f}s)"
-            print(line, file=sys.stderr, flush=True)
-        bar.set_postfix(**postfix)
-        bar.update(1)
-
+    bar, on_step = _step_progress(config.budget.steps)
     trainer = Trainer(config, out_dir=args.out, on_step=on_step, ray=ray)
     trainer.on_progress = lambda p: bar.set_description_str(
         f"train [episodes {p['episodes_running'] or 0} running {p['episodes_done']} done | groups "
@@ -102,6 +83,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+def _step_progress(total: int) -> tuple[Any, Any]:
+    """A progress bar on a terminal; elsewhere (a log file, CI) one plain line a step, with no carriage returns.
+    Returns the bar (disabled off a terminal) and the trainer's on_step callback."""
+    from tqdm import tqdm
+
+    terminal = sys.stderr.isatty()
+    bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True, disable=not terminal)
+
+    def on_step(row: dict[str, Any]) -> None:
+        reward = row["reward"].get("all")
+        postfix = {
+            "reward": "-" if reward is None else f"{reward:.3f}",
+            "loss": f"{row['learner']['loss']:.4f}",
+            "stale": f"{row['staleness']:.1f}",
+        }
+        if not terminal:
+            fields = " ".join(f"{k} {v}" for k, v in postfix.items())
+            print(f"step {row['step']}/{total} {fields} ({row['step_s']:.1f}s)", file=sys.stderr, flush=True)
+        bar.set_postfix(**postfix)
+        bar.update(1)
+
+    return bar, on_step
 
 
 def _print_where_time_went(trainer: Any, result: Any) -> None:

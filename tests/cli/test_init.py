@@ -1,5 +1,6 @@
 """`envhub init NAME`: the scaffold installs, passes its own tests and is evaluated with no edit."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,8 @@ from envhub.cli.init import scaffold, scaffold_names
 RUFF = Path(sys.executable).with_name("ruff")
 
 
-def run(*argv, cwd):
-    return subprocess.run([*map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=600)
+def run(*argv, cwd, env=None):
+    return subprocess.run([*map(str, argv)], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.slow
@@ -32,24 +33,25 @@ def test_the_scaffold_installs_passes_its_tests_and_evaluates(tmp_path):
     # the generated code is clean under ruff's defaults (what a new project gets)
     assert run(RUFF, "check", "--isolated", root, cwd=tmp_path).returncode == 0
     assert run(RUFF, "format", "--isolated", "--check", root, cwd=tmp_path).returncode == 0
-    pip = [sys.executable, "-m", "pip", "-q"]
-    installed = run(*pip, "install", "--no-deps", "--no-build-isolation", "-e", root, cwd=tmp_path)
+    # installed into a private directory on this test's PYTHONPATH, not into the suite's venv: other tests run
+    # envhub at the same time, and a plugin appearing there would change what they print
+    site = tmp_path / "site"
+    installed = run(sys.executable, "-m", "pip", "-q", "install", "--no-deps", "--no-build-isolation", "--target", site,
+                    root, cwd=tmp_path)  # fmt: skip
     assert installed.returncode == 0, installed.stderr
-    try:
-        tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=root)
-        assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
-        # from another folder: found through the installed entry point, no --import
-        evaluated = run(
-            sys.executable, "-m", "envhub.cli.main", "eval", "ScaffoldProbe-v0", "--agent", "random", "-n", "3",
-            "--quiet", cwd=tmp_path,
-        )  # fmt: skip
-        assert evaluated.returncode == 0 and "ScaffoldProbe-v0" in evaluated.stdout, evaluated.stderr
-        info = run(sys.executable, "-m", "envhub.cli.main", "info", "ScaffoldProbe-v0", cwd=tmp_path)
-        assert "source:       envhub-scaffold-probe" in info.stdout and "guess(number)" in info.stdout
-    finally:
-        run(*pip, "uninstall", "-y", "envhub-scaffold-probe", cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    tests = run(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=root, env=env)
+    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
+    # from another folder: found through the installed entry point, no --import
+    evaluated = run(
+        sys.executable, "-m", "envhub.cli.main", "eval", "ScaffoldProbe-v0", "--agent", "random", "-n", "3",
+        "--quiet", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert evaluated.returncode == 0 and "ScaffoldProbe-v0" in evaluated.stdout, evaluated.stderr
+    info = run(sys.executable, "-m", "envhub.cli.main", "info", "ScaffoldProbe-v0", cwd=tmp_path, env=env)
+    assert "source:       envhub-scaffold-probe" in info.stdout and "guess(number)" in info.stdout
     gone = run(sys.executable, "-m", "envhub.cli.main", "info", "ScaffoldProbe-v0", cwd=tmp_path)
-    assert gone.returncode == 2
+    assert gone.returncode == 2  # outside this test's path the suite's environment never saw it
 
 
 def test_names_are_derived_for_every_use():
