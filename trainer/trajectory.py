@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from envhub.core import state_digest
 
 FinishReason = Literal["terminated", "truncated", "max_turns", "max_tokens", "timeout", "error"]
 
@@ -32,7 +33,7 @@ def anchor_key(info: dict[str, Any], observation: Any) -> str:
     if given is not None:
         return "env:" + (given if isinstance(given, str) else json.dumps(given, sort_keys=True, default=str))
     text = observation if isinstance(observation, str) else json.dumps(observation, sort_keys=True, default=str)
-    return "obs:" + hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=12).hexdigest()
+    return "obs:" + state_digest(text.encode("utf-8", "replace"), size=12)
 
 
 @dataclass

@@ -17,15 +17,16 @@ class EpisodeWatch:
     how many episodes each limit cut."""
 
     def __init__(self) -> None:
-        self.first_errors: dict[tuple[str, str], str] = {}
+        self.seen_errors: set[tuple[str, str]] = set()  # (env, error kind) already shown
         self.cut = {"max_turns": 0, "timeout": 0}
 
     def on_episode(self, record: Any) -> None:
         if record.finish in self.cut:
             self.cut[record.finish] += 1
         key = (record.env_id, record.error_kind or "")
-        if record.error_kind and key not in self.first_errors:
-            self.first_errors[key] = line = f"{record.env_id} seed {record.seed}: {record.error_kind}: {record.error}"
+        if record.error_kind and key not in self.seen_errors:
+            self.seen_errors.add(key)
+            line = f"{record.env_id} seed {record.seed}: {record.error_kind}: {record.error}"
             print(f"envhub: {line[:600]}", file=sys.stderr, flush=True)
 
     def report_cuts(self, max_turns: int, timeout_s: float) -> None:

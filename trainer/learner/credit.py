@@ -23,6 +23,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from envhub.trainer.trajectory import Trajectory, TurnSpan
@@ -57,14 +58,19 @@ class CreditParams:
 
     @classmethod
     def from_mapping(cls, algorithm: dict[str, Any]) -> CreditParams:
-        """The constants of a run's config.json `algorithm` section (defaults where a key is missing)."""
-        default = cls()
-        return cls(
-            advantage=str(algorithm.get("advantage", default.advantage)),
-            gamma=float(algorithm.get("gamma", 0.95)),
-            step_weight=float(algorithm.get("step_weight", default.step_weight)),
-            scale_std=bool(algorithm.get("scale_std", default.scale_std)),
-            tol=float(algorithm.get("zero_variance_tol", default.tol)),
+        """The constants of a run's config.json `algorithm` section (AlgorithmConfig's defaults where a key is
+        missing)."""
+        from envhub.trainer.config import AlgorithmConfig
+
+        default = AlgorithmConfig()
+        return cls.from_config(
+            SimpleNamespace(
+                advantage=str(algorithm.get("advantage", default.advantage)),
+                gamma=float(algorithm.get("gamma", default.gamma)),
+                step_weight=float(algorithm.get("step_weight", default.step_weight)),
+                scale_std=bool(algorithm.get("scale_std", default.scale_std)),
+                zero_variance_tol=float(algorithm.get("zero_variance_tol", default.zero_variance_tol)),
+            )
         )
 
 
