@@ -9,6 +9,7 @@ output streams over the engine socket on the event loop (see `engine_api`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import time
@@ -34,6 +35,7 @@ LABEL_OWNER = "envhub.owner_pid"
 LABEL_SANDBOX = "envhub.sandbox"
 _USER = f"{SANDBOX_UID}:{SANDBOX_GID}"
 _KEEPER = "65534:65534"
+log = logging.getLogger(__name__)
 _OOM_PROBE = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
 
 _client: Any = None
@@ -228,7 +230,11 @@ class DockerSandbox(Sandbox):
 
 
 def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -> list[str]:
-    """Remove sandbox containers whose owner process is dead (or of one pool, or all); return their names."""
+    """Remove sandbox containers whose owner process is dead (or of one pool, or all); return their names.
+
+    A container that another process is removing at the same moment (a pool starting elsewhere removes orphans too)
+    is waited for, so that it is gone when this returns; one that cannot be removed is logged and left.
+    """
     removed = []
     client = shared_client()
     # the low-level list is one call; the high-level one inspects each container and fails when
@@ -237,9 +243,31 @@ def remove_orphans(*, pool_id: str | None = None, all_sandboxes: bool = False) -
         labels = container.get("Labels") or {}
         owner = int(labels.get(LABEL_OWNER, "0") or 0)
         if all_sandboxes or (pool_id is not None and labels.get(LABEL_POOL) == pool_id) or not pid_alive(owner):
-            try:
-                client.api.remove_container(container["Id"], force=True)
+            if _remove_container(client, container["Id"]):
                 removed.append((container.get("Names") or [container["Id"][:12]])[0].lstrip("/"))
-            except Exception:
-                pass  # removed concurrently by its owner
     return removed
+
+
+def _remove_container(client: Any, container_id: str, wait_s: float = 30.0) -> bool:
+    """Force-remove one container; True when this call removed it, False when it was already gone or another
+    process's removal finished it (waited for up to `wait_s`)."""
+    import docker.errors
+
+    try:
+        client.api.remove_container(container_id, force=True)
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if "in progress" not in str(exc):
+            log.warning("cannot remove sandbox container %s: %s", container_id[:12], exc)
+            return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            client.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return False
+        time.sleep(0.05)
+    log.warning("sandbox container %s is still being removed after %.0f s", container_id[:12], wait_s)
+    return False

@@ -114,12 +114,41 @@ async def test_pool_start_removes_orphans(base_image):
     async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
         pass
     # a pool starting on another worker at the same moment may be the one removing it (Docker then answers this
-    # pool's removal with 409, removal in progress): wait for the removal, whoever does it
-    for _ in range(100):
-        if not shared_client().api.containers(all=True, filters={"id": container.id}):
-            break
-        await asyncio.sleep(0.1)
+    # pool's removal with 409, removal in progress): start waits for that removal, so the container is gone now
     assert not shared_client().api.containers(all=True, filters={"id": container.id})
+
+
+def test_concurrent_orphan_removals_each_return_only_when_the_orphans_are_gone(base_image):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from envhub.sandboxes.docker_backend import remove_orphans
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    ids = [
+        shared_client()
+        .containers.run(
+            base_image,
+            ["sleep", "infinity"],
+            detach=True,
+            network_mode="none",
+            labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)},
+        )
+        .id
+        for _ in range(4)
+    ]
+
+    def remove_then_list() -> tuple[list[str], list]:
+        removed = remove_orphans()
+        return removed, shared_client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={dead.pid}"})
+
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(lambda _: remove_then_list(), range(3)))
+    for _removed, left in outcomes:
+        assert left == []  # none of the three returned while a removal it raced was still under way
+    names = [name for removed, _ in outcomes for name in removed]
+    assert len(set(names)) == len(names)  # each container is reported by the one call that removed it
+    assert not shared_client().api.containers(all=True, filters={"id": ids[0]})
 
 
 async def test_missing_image_is_a_clear_error(base_image):
