@@ -7,6 +7,20 @@ for the same learner steps, on multi-turn envs where credit matters, with held-o
     python benchmarks/credit_assignment.py --merge benchmarks/results/credit_runs/*.json
         [--out benchmarks/results/credit_assignment.json]
 
+The positive control (configs/corridor-tiny.yaml: no SFT stage, so each run starts from the tiny model its seed
+initialises, the same for every estimator of a seed; evaluation sampled at the config's temperature, with 4 turns
+for 4 squares):
+
+    python benchmarks/credit_assignment.py --config configs/corridor-tiny.yaml --seeds 20,21,22,23,24,25,26,27,28,29
+        --estimators grpo,gigpo --steps 12 --curve-every 6 --eval-episodes 256
+        --runs-dir benchmarks/results/credit_corridor --out benchmarks/results/credit_corridor.json
+
+Its settings and power, fixed before the decisive run: pilots on seeds 1-5 (not in the set; envhub train with the
+config, 256 held-out episodes) gave gigpo - grpo of +0.68, +0.84, +0.31, +0.19, -0.24 at 8 steps (SD ~0.43; the
+-0.24 a gigpo run that had not yet moved) and +0.68, +0.77 on seeds 1-2 at 12 steps, so the set runs 12 steps. At
+SD 0.4, 10 seeds give an SE near 0.13: enough to put a gain like the pilots' (+0.4 to +0.7) beyond 2 SE, not to
+resolve one near the bar. The goal is the issue's: gigpo ahead by >= 0.1 at equal steps, beyond 2 SE.
+
 Each run (config, estimator, seed) is saved to its own file in --runs-dir the moment it ends, so the decisive set is
 run over several sittings and merged. A run: the config's SFT stage runs once per config (its own seed) and is saved
 to --warm-start (default: beside the runs); every run starts from it with `algorithm.advantage` set to the estimator,
@@ -69,7 +83,10 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
     data.setdefault("budget", {}).update(
         steps=steps, checkpoint_every=curve_every, checkpoint_keep=0, max_time_s=0.0, max_run_s=0.0
     )
-    data.setdefault("evaluation", {}).update(episodes=eval_episodes, temperature=0.0, before=True, after_sft=False)
+    evaluation = data.setdefault("evaluation", {})
+    # greedy, unless the config samples its evaluation (a task whose prompt is the same for every seed, the corridor)
+    evaluation.update(episodes=eval_episodes, temperature=evaluation.get("temperature", 0.0), before=True,
+                      after_sft=False)  # fmt: skip
     if model is not None:  # RL from the shared SFT checkpoint: no SFT stage of its own
         data.setdefault("model", {})["name"] = model
         data.pop("sft", None)
@@ -209,7 +226,9 @@ def main(argv: list[str] | None = None) -> None:
     warm = Path(args.warm_start) if args.warm_start else runs_dir / f"{stem}-sft"
     base = run_config(args.config, args.overrides, estimator="grpo", seed=0, steps=args.steps,
                       curve_every=args.curve_every, eval_episodes=args.eval_episodes, model=None)  # fmt: skip
-    record = warm_start_checkpoint(base, warm)
+    # a config without an SFT stage starts every run from the model its seed initialises (the same weights for
+    # each estimator of one seed)
+    record = warm_start_checkpoint(base, warm) if base.sft.collect or base.sft.data else {}
     for seed in args.seeds:
         for estimator in args.estimators:
             path = runs_dir / f"{stem}-{estimator}-seed{seed}.json"
@@ -218,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             config = run_config(args.config, args.overrides, estimator=estimator, seed=seed, steps=args.steps,
                                 curve_every=args.curve_every, eval_episodes=args.eval_episodes,
-                                model=str(warm))  # fmt: skip
+                                model=str(warm) if record else None)  # fmt: skip
             work = runs_dir / "work" / path.stem
             result = train_one(config, work)
             result |= {"config": args.config, "overrides": args.overrides, "warm_start_sha256":

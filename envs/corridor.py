@@ -8,8 +8,9 @@ turn of a successful episode the same, wasted ones included, and blames the good
 step-level estimator (GiGPO) compares turns that acted from the same square: `info["anchor"]` is the square, exactly.
 
 The rule is arbitrary on purpose: a random tiny model moves about half the time, so groups differ from the first
-step, and learning it is a matter of credit rather than knowledge (the positive control: docs/trainer.md, "Credit
-assignment").
+step, and learning it is a matter of credit rather than knowledge. The positive control (configs/corridor-tiny.yaml,
+docs/trainer.md "Credit assignment") trains with turns to spare (`max_turns` 8 for 4 squares), where most episodes
+arrive and the episode's reward cannot tell a wasted turn from a move, and evaluates with none to spare.
 Alternating makes the right reply depend on the square, so a policy that collapses onto one reply cannot pass; the
 tiny model did not learn it in 12 steps with either estimator (docs/trainer.md, the positive control).
 """

@@ -287,6 +287,8 @@ class EvalConfig:
     before: bool = True  #: evaluate the initial policy (before SFT and RL)
     after_sft: bool = True  #: also evaluate between the SFT stage and RL (SFT-only vs SFT+RL)
     temperature: float = 0.0  #: 0 = greedy; > 0 samples (for tasks whose prompt does not vary with the seed)
+    #: turns an evaluated episode may take; 0 = rollout.max_turns (fewer asks for the same task done without waste)
+    max_turns: int = 0
 
 
 @dataclass
@@ -328,6 +330,10 @@ class TrainConfig:
             raise ConfigError(f"engine.max_outage_s must be >= 0 (0 = stop at once), got {self.engine.max_outage_s}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
+        if self.evaluation.max_turns < 0:
+            raise ConfigError(
+                f"evaluation.max_turns must be >= 0 (0 = rollout.max_turns), got {self.evaluation.max_turns}"
+            )
         if self.model.tiny_heads < 1 or self.model.tiny_hidden % self.model.tiny_heads:
             raise ConfigError(
                 f"model.tiny_hidden ({self.model.tiny_hidden}) must be a multiple of model.tiny_heads "

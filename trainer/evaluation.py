@@ -60,7 +60,7 @@ async def evaluate_policy(
         return EngineAgent(engine, tokenizer, sampling, max_total_tokens=rollout.max_total_tokens)
 
     eval_config = EvalConfig(
-        max_turns=rollout.max_turns,
+        max_turns=ev.max_turns or rollout.max_turns,
         episode_timeout_s=rollout.episode_timeout_s,
         env_factories={task.env: env_factory(task) for task in config.tasks},
     )
