@@ -277,11 +277,16 @@ def episode_success(record: EpisodeRecord, threshold: float) -> bool:
     """Whether an episode succeeded, by the env's own account first: its last `info["success"]`, else its last
     `info["progress"]` reaching 100 (BALROG's suites), else a return of at least `threshold`. A global reward
     threshold alone misjudged envs whose reward stays below 1 when solved (MiniGrid's 1 - 0.9 * steps / max_steps)."""
-    if record.env_success is not None:
-        return record.env_success
-    if record.progress is not None:
-        return record.progress >= 100.0 - 1e-9
-    return record.reward >= threshold - 1e-9
+    return judged_success(record.env_success, record.progress, record.reward, threshold)
+
+
+def judged_success(env_success: bool | None, progress: float | None, reward: float, threshold: float = 1.0) -> bool:
+    """The success rule of `episode_success` on its parts (the trainer's run record judges episodes by it too)."""
+    if env_success is not None:
+        return env_success
+    if progress is not None:
+        return progress >= 100.0 - 1e-9
+    return reward >= threshold - 1e-9
 
 
 async def _play(env: Any, agent: Agent, key: EpisodeKey, config: EvalConfig, record: EpisodeRecord) -> None:

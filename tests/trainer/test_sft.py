@@ -207,3 +207,22 @@ async def test_the_final_evaluation_copy_is_kept_in_the_engine_dtype_and_gets_th
     assert not torch.equal(trained["lm_head.weight"].float(), before["lm_head.weight"])  # the steps moved it
     for name, value in after.items():
         assert torch.equal(value, trained[name].to(torch.bfloat16)), name  # the final weights, cast once
+
+
+async def test_evaluation_max_turns_caps_held_out_episodes_below_the_rollouts(tiny_model, tokenizer, tmp_path):
+    from envhub.trainer.evaluation import evaluate_policy
+
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Corridor-v0", "kwargs": {"length": 2, "max_turns": 6}}],
+            "rollout": {"max_new_tokens": 2, "max_turns": 6},
+            "evaluation": {"episodes": 3, "temperature": 1.0, "max_turns": 1},
+        }
+    )
+    await evaluate_policy(tiny_model, tokenizer, config, tmp_path / "eval")
+    episodes = [json.loads(line) for line in (tmp_path / "eval" / "episodes.jsonl").read_text().splitlines()]
+    # two squares cannot be walked in one turn: each episode is cut after its first, though the rollout allows 6
+    assert [(e["steps"], e["finish"]) for e in episodes] == [(1, "max_turns")] * 3
+    with pytest.raises(ConfigError, match=r"evaluation.max_turns must be >= 0 \(0 = rollout.max_turns\)"):
+        config_from_dict({**config_to_dict(config), "evaluation": {"max_turns": -1}})

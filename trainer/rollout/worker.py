@@ -183,6 +183,9 @@ class RolloutWorker:
             )
             state.reward += float(reward)
             state.spans.append(TurnSpan(*span, reward=float(reward), anchor=anchor))
+            # the env's own verdict, as of its latest step (the run record counts successes by it)
+            verdict = {k: step_info[k] for k in ("success", "progress") if k in step_info}
+            state.info.update({k: v for k, v in verdict.items() if _is_plain(v)})
             turn["span"] = list(span)
             anchor = anchor_key(step_info, obs)
             if terminated:

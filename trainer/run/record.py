@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import EnvhubError
+from envhub.eval import judged_success
 from envhub.toolcalls import parse_tool_calls
 from envhub.trainer.trajectory import Trajectory
 
-SUCCESS_REWARD = 1.0  # an episode whose return reaches this counts as a success in the per-task metrics
+SUCCESS_REWARD = 1.0  # without the env's verdict (info "success" or "progress"), a return this high is a success
 OUTCOMES = ("trained", "filtered", "dropped_stale", "failed", "unfinished")
 
 
@@ -125,7 +126,10 @@ class EpisodeRecorder:
             return  # over-provisioned spares cut by their group: recorded, but not counted as finished
         counters = self.tasks[t.task]
         counters.episodes += 1
-        counters.successes += t.reward >= SUCCESS_REWARD
+        info = t.env_info
+        progress = info.get("progress") if isinstance(info.get("progress"), (int, float)) else None
+        success = info.get("success") if isinstance(info.get("success"), bool) else None
+        counters.successes += judged_success(success, progress, t.reward, SUCCESS_REWARD)
         counters.reward_sum += t.reward
         counters.timed_out += t.finish_reason == "timeout"
         self.episodes_done += 1

@@ -56,6 +56,38 @@ def test_episode_line_has_turns_tool_calls_capped_observation_and_group_outcome(
     assert metrics["episodes"] == 1 and metrics["success_rate"] == 1.0 and metrics["groups_trained"] == 1
 
 
+def test_success_is_the_envs_verdict_before_the_return(tmp_path):
+    recorder = EpisodeRecorder(tmp_path)
+    solved_below_one = _trajectory(reward=0.944)  # MiniGrid: solved, reward 1 - 0.9 * steps / max_steps
+    solved_below_one.env_info = {"success": True}
+    by_progress = _trajectory(reward=0.5)
+    by_progress.env_info = {"progress": 100.0}
+    failed_at_one = _trajectory(reward=1.0)  # a return of 1 that the env itself calls a failure
+    failed_at_one.env_info = {"success": False}
+    no_verdict = _trajectory(reward=1.0)
+    for t in (solved_below_one, by_progress, failed_at_one, no_verdict):
+        recorder.episode(t, step=1)
+    assert recorder.task_metrics()["Math-v0"]["success_rate"] == 0.75
+    recorder.close(step=1)
+
+
+async def test_a_rollout_keeps_the_envs_last_verdict_in_env_info(tmp_path):
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Corridor-v0", "kwargs": {"length": 1, "max_turns": 3}}],
+            "rollout": {"group_size": 2, "max_new_tokens": 2, "max_turns": 3},
+            "algorithm": {"groups_per_step": 1, "filter_zero_variance": False},
+            "budget": {"steps": 1, "checkpoint_every": 100},
+            "out_dir": str(tmp_path),
+        }
+    )
+    await Trainer(config).run()
+    episodes = read_episodes(tmp_path)
+    assert episodes and all(e["env_info"]["success"] == (e["reward"] == 1.0) for e in episodes)
+    assert all(e["env_info"]["success"] is False for e in episodes if e["finish_reason"] != "terminated")
+
+
 def test_groups_still_in_flight_are_marked_unfinished_and_cancelled_spares_not_counted(tmp_path):
     recorder = EpisodeRecorder(tmp_path)
     recorder.episode(_trajectory("a", reward=0.0), step=0)
