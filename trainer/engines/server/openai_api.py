@@ -47,7 +47,7 @@ def _failure(exc: EngineError) -> web.Response:
     return _error(str(exc))
 
 
-def _sampling_json(body: dict[str, Any]) -> dict[str, Any]:
+def sampling_json(body: dict[str, Any]) -> dict[str, Any]:
     """OpenAI request fields as SGLang sampling_params."""
     params: dict[str, Any] = {}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -128,7 +128,7 @@ async def _run(
     from envhub.trainer.engines.server.state import STATE_KEY
 
     state = request.app[STATE_KEY]
-    sampling, n = parse_sampling(_sampling_json(body), state.engine.vocab_size)
+    sampling, n = parse_sampling(sampling_json(body), state.engine.vocab_size)
     if not ids:
         raise EngineError("the prompt is empty")
     if len(ids) + sampling.max_new_tokens > state.context_len:
