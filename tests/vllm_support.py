@@ -24,6 +24,7 @@ import pytest
 from envhub.errors import EngineError
 
 REQUIRE_ENV = "ENVHUB_REQUIRE_VLLM"
+TINY_KEY = "envhub-test-key"  # the API key of the shared tiny server (tests/trainer/conftest.py's `vllm_url`)
 URL_ENV = "ENVHUB_VLLM_URL"
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the SmolLM2 tokenizer, tiny random Llama policies over it, and small real envs."""
+"""Shared fixtures: the SmolLM2 tokenizer, tiny random Llama policies over it, small real envs, the vLLM server."""
 
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def tiny_model(tokenizer):
     from envhub.trainer.models import tiny_llama
 
     return tiny_llama(tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")  # one start per run, shared by every test that needs vLLM (xdist_group "vllm")
+def vllm_url():
+    """A real vLLM server (`serve-engine --backend vllm --model tiny`, API key TINY_KEY) on 127.0.0.1."""
+    from tests.vllm_support import TINY_KEY, serve_engine_vllm
+
+    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", TINY_KEY) as url:
+        yield url
 
 
 @pytest.fixture

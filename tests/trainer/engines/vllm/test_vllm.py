@@ -29,7 +29,7 @@ from envhub.trainer.engines.vllm.engine import VLLMEngine
 from envhub.trainer.engines.vllm.weights import write_safetensors
 from envhub.trainer.models import tiny_llama
 from envhub.trainer.rollout.worker import RolloutWorker
-from tests.vllm_support import serve_engine_vllm
+from tests.vllm_support import TINY_KEY
 
 # one xdist worker runs every vLLM test: vLLM pins its OpenMP threads to the cores, and the training tests check
 # /dev/shm as a whole for the weights the pushes leave behind
@@ -37,13 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 LOGPROB_TOL = 1e-4
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 LONG = 1800  # tokens per request in the push tests: long enough that a push lands mid-generation
-KEY = "envhub-test-key"
-
-
-@pytest.fixture(scope="session")  # one start per run: a parallel worker may run other tests between these
-def vllm_url():
-    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", KEY) as url:
-        yield url
+KEY = TINY_KEY
 
 
 @pytest.fixture
