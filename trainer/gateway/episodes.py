@@ -87,6 +87,7 @@ class Episode:
     reserved: int = 0  # max_new_tokens of calls in flight
     started: int = 0  # calls begun (a call's index is its order of arrival)
     closed: bool = False
+    render_cache: Any = None  # written by ChatRenderer only: its prompt state after the last spliced turn
     opened_at: float = field(default_factory=time.monotonic)
 
     @property

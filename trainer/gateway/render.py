@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.chat_tokens import chat_stop_ids
@@ -71,6 +71,44 @@ def _calls(message: dict[str, Any], where: str) -> list[tuple[str, str, Any]]:
             arguments = raw  # kept as the harness sent it: it still renders, it just matches no recorded call
         out.append((str(call.get("id") or ""), function["name"], arguments))
     return out
+
+
+@dataclass
+class _Splice:
+    """Where prompt building stands after a request's last spliced turn. An episode keeps the last one
+    (`Episode.render_cache`) so that a harness that appends to its history costs a few template renders per call,
+    not two per earlier turn."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)  # rendered messages through the last spliced turn
+    tools: Any = None
+    covered: str = ""  # template text that `ids` stand for
+    ids: list[int] = field(default_factory=list)
+    echoed: int = 0
+    reencoded: int = 0  # unmatched assistant turns among `messages`
+    spliced: set[int] = field(default_factory=set)
+
+    def copy(self) -> _Splice:
+        return _Splice(
+            list(self.messages),
+            self.tools,
+            self.covered,
+            list(self.ids),
+            self.echoed,
+            self.reencoded,
+            set(self.spliced),
+        )
+
+    @classmethod
+    def resume(cls, episode: Episode | None, rendered: list[dict[str, Any]], tools: Any) -> _Splice:
+        """The episode's cached state when this request's messages start with its messages, else a fresh one."""
+        cached = episode.render_cache if episode is not None else None
+        if (
+            isinstance(cached, _Splice)
+            and cached.tools == tools
+            and rendered[: len(cached.messages)] == cached.messages
+        ):
+            return cached.copy()
+        return cls(tools=tools)
 
 
 class ChatRenderer:
@@ -163,31 +201,33 @@ class ChatRenderer:
 
     def _prompt(self, messages: Any, tools: list[dict[str, Any]] | None, episode: Episode | None) -> Prompt:
         rendered, echoes = self.normalise(messages, tools)
-        ids: list[int] = []
-        covered, echoed, reencoded = "", 0, 0
-        spliced: set[int] = set()
-        for index, echo in enumerate(echoes):
+        state = _Splice.resume(episode, rendered, tools)
+        for index in range(len(state.messages), len(echoes)):
+            echo = echoes[index]
             if echo is None:
                 continue
             call = episode.find_echo(*echo) if episode is not None else None
             closing = None
             # each recorded call is spliced once per request: the template renders stay bounded by the episode's
             # calls, whatever a hostile history repeats
-            if call is not None and call.index not in spliced:
-                spliced.add(call.index)
+            if call is not None and call.index not in state.spliced:
+                state.spliced.add(call.index)
                 before = self._render(rendered[:index], tools, generation=True)
                 through = self._render(rendered[: index + 1], tools, generation=False)
-                if before.startswith(covered) and through.startswith(before):
+                if before.startswith(state.covered) and through.startswith(before):
                     closing = self._closing(through[len(before) :], call.output_ids)
             if closing is None:
-                reencoded += 1
+                state.reencoded += 1
                 continue
-            ids += self.encode(before[len(covered) :]) + list(call.output_ids) + self.encode(closing)
-            covered, echoed = through, echoed + 1
+            state.ids += self.encode(before[len(state.covered) :]) + list(call.output_ids) + self.encode(closing)
+            state.covered, state.echoed = through, state.echoed + 1
+            state.messages = rendered[: index + 1]
+        if episode is not None:
+            episode.render_cache = state.copy()
         final = self._render(rendered, tools, generation=True)
-        if not final.startswith(covered):  # the template re-renders earlier turns: nothing can be spliced
-            return Prompt(self.encode(final), 0, echoed + reencoded)
-        return Prompt(ids + self.encode(final[len(covered) :]), echoed, reencoded)
+        if not final.startswith(state.covered):  # the template re-renders earlier turns: nothing can be spliced
+            return Prompt(self.encode(final), 0, state.echoed + state.reencoded)
+        return Prompt(state.ids + self.encode(final[len(state.covered) :]), state.echoed, state.reencoded)
 
     def _closing(self, turn: str, output_ids: list[int]) -> str | None:
         """Template text after the model's own tokens in its rendered `turn` (None when the turn has no

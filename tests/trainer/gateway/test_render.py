@@ -36,6 +36,14 @@ def test_native_tool_template_splices_echoed_turns(tokenizer):
     second = renderer.prompt(history, CHAT_TOOLS, episode)
     assert (second.echoed, second.reencoded) == (1, 0)
     assert second.ids[: len(first.ids) + len(output)] == first.ids + output
+    book.reserve(episode, 10)
+    answer = RecordedCall(1, "chat", second.ids, [330, 2], [-0.1, -0.2], [0, 0], "stop", renderer.reply([330, 2], True))
+    book.record(episode, answer, 10)
+    longer = [*history, answer.message, {"role": "user", "content": "Thanks."}]
+    cached = renderer.prompt(longer, CHAT_TOOLS, episode)  # resumes after the turn spliced last time
+    episode.render_cache = None
+    assert cached == renderer.prompt(longer, CHAT_TOOLS, episode) and cached.echoed == 2
+    assert cached.ids[: len(second.ids) + 2] == second.ids + [330, 2]
     stranger = {
         **call.message,
         "tool_calls": [{**tool_call, "id": "call_other", "function": {"name": "add", "arguments": '{"a": 4, "b": 3}'}}],
