@@ -95,3 +95,24 @@ async def test_request_rate_is_limited_per_episode(gateway, client_for):
         await busy.models.list()
     assert int(caught.value.response.headers["Retry-After"]) >= 1
     await calm.models.list()  # another episode has its own bucket
+
+
+@pytest.mark.parametrize("forced", [None, 0.0])
+async def test_configured_temperature_overrides_the_clients(tiny_model, tokenizer, client_for, forced):
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+    from envhub.trainer.gateway import Gateway, GatewayConfig
+
+    engine = EmbeddedEngine(tiny_model, tokenizer)  # the untaught model: its samples spread
+    gateway = Gateway(engine, tokenizer, GatewayConfig(temperature=forced))
+    await gateway.start()
+    handle = gateway.open_episode()
+    client = client_for(handle)
+    hot = {"model": "policy", "prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.5}
+    hot["extra_body"] = {"ignore_eos": True}
+    first = await client.completions.create(**hot)
+    second = await client.completions.create(**hot, stream=True)  # the streamed form of the same call
+    same = [chunk async for chunk in second][-1].choices[0].text == first.choices[0].text
+    calls = gateway.close_episode(handle)
+    await gateway.stop()
+    await engine.close()
+    assert same == (calls[0].output_ids == calls[1].output_ids) == (forced == 0.0)
