@@ -5,7 +5,9 @@ fresh one-commit git repository at base_commit, or, for an instance with its own
 keeps it (`/testbed`; see `envhub.envs.swe.workspace`); the first observation is the problem statement. Each
 step runs ONE tool call (if an action holds several, only the first runs and the observation says so).
 On `submit` or at the step limit the agent's diff (`git diff` against base, new and binary files
-included) is graded in a fresh sandbox: reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes.
+included) is graded in a fresh sandbox: reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes. A diff
+that cannot be graded (the test run never starts or is killed, the sandbox fails) raises `GradingError`: no
+verdict is not a reward of 0.
 """
 
 from __future__ import annotations
@@ -183,11 +185,19 @@ class SWEEnv(SandboxToolEnv):
             diff, error = "", f"could not read the agent's changes: {exc}"
         await self.release()  # give the episode's sandbox back before grading takes another
         started = time.perf_counter()
-        if error:
-            result = grading.GradeResult(self.instance.instance_id, resolved=False, error=error)
+        if error:  # the agent's own doing (a wrecked repository, a huge diff): an ungraded diff scores 0
+            result = grading.GradeResult(self.instance.instance_id, resolved=False, error=error, error_kind="patch")
         else:
             result = await harness.grade(
                 self.instance, diff, self.get_pool(), self.repos_dir, test_timeout=self.test_timeout
+            )
+        if result.is_error and result.error_kind != "patch":
+            # No verdict is not a reward of 0: raising makes eval count an env error and training count the episode
+            # as failed (and stop once a task fails again and again), each with this message.
+            await self._end_episode()
+            raise grading.GradingError(
+                f"{self.instance.instance_id}: the episode could not be graded ({result.error_kind}): {result.error}",
+                hint="`envhub swe validate` checks each task's test setup; test_timeout= bounds the test run",
             )
         obs = f"Episode over ({why}). {'Resolved' if result.resolved else 'Not resolved'}: {result.reason}"
         return self.finish(

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from envhub.envs.swe.tasks import DEFAULT_TEST_CMD, SWEInstance
 from envhub.errors import EnvhubError
@@ -39,8 +39,18 @@ _APPLY_ATTEMPTS = (
 )
 
 
+#: Why a patch could not be evaluated: "setup" (repository, sandbox or test patch), "patch" (the patch does not
+#: apply), "no_test_run" (the test run ended without running its tests) or "timeout" (the test run was killed).
+ErrorKind = Literal["setup", "patch", "no_test_run", "timeout"]
+PYTEST_EXIT_CODES = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests collected"}
+
+
 class RepoError(EnvhubError):
     """A task's repository or base commit that cannot be used."""
+
+
+class GradingError(EnvhubError):
+    """An episode whose diff could not be graded (broken test setup, killed test run, sandbox failure)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,18 @@ class GradeResult:
     tests_status: dict[str, dict[str, list[str]]] | None = (
         None  # SWE-bench's FAIL_TO_PASS / PASS_TO_PASS success / failure
     )
+    error_kind: ErrorKind | None = None  # set with `error`: the patch could not be evaluated, and why
+    note: str = ""  # why a verdict the test table does not explain was reached (e.g. the patch broke the test run)
+
+    def __post_init__(self) -> None:
+        if self.error and self.error_kind is None:  # an error always says what kind it is (setup unless told)
+            object.__setattr__(self, "error_kind", "setup")
+
+    @property
+    def is_error(self) -> bool:
+        """True when the patch could not be evaluated (SWE-bench's `error_ids`), whatever the test table holds:
+        its placeholders (MISSING) are no verdict."""
+        return self.error_kind is not None
 
     @property
     def reason(self) -> str:
@@ -66,6 +88,8 @@ class GradeResult:
             return "all FAIL_TO_PASS and PASS_TO_PASS tests pass"
         if self.error:
             return self.error
+        if self.note:
+            return self.note
         failing = [t for t, outcome in self.tests.items() if outcome not in PASSING]
         return f"{len(failing)} test(s) not passing: " + ", ".join(f"{t} ({self.tests[t]})" for t in failing[:5])
 
@@ -75,6 +99,7 @@ class GradeResult:
             "instance_id": self.instance_id,
             "resolved": self.resolved,
             "error": self.error,
+            "error_kind": self.error_kind,
             "reason": self.reason,
             "patch_applied": self.patch_applied,
             "duration": round(self.duration, 3),
@@ -113,6 +138,26 @@ def tests_status(instance: SWEInstance, outcomes: dict[str, str]) -> dict[str, d
 def parse_pytest_report(output: str) -> dict[str, str]:
     """Per-test outcomes from the short summary that `pytest -rA` prints (`PASSED tests/x.py::test_y`)."""
     return {node: outcome for outcome, node in _REPORT_LINE.findall(output)}
+
+
+def test_run_error(
+    exit_code: int | None, timed_out: bool, found: dict[str, str], output: str, timeout: float
+) -> tuple[ErrorKind, str] | None:
+    """Why a test run gave no verdict, with the exit code and the output's tail: killed by `timeout`, or ended
+    without running its tests (no per-test results, or pytest's internal error); None for a run that ran."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    tail = " | ".join(lines[-4:])[-600:] or "no output"
+    if timed_out:
+        return "timeout", f"tests timed out after {timeout:g} s; output ends: {tail}"
+    if found and exit_code != 3:
+        return None
+    meaning = PYTEST_EXIT_CODES.get(exit_code) if exit_code is not None else None
+    code = (
+        f"exit code {exit_code}" + (f", pytest's {meaning}" if meaning else "")
+        if exit_code is not None
+        else "no results"
+    )
+    return "no_test_run", f"the test run never ran the tests ({code}): {tail}"
 
 
 @lru_cache(maxsize=256)
@@ -185,8 +230,8 @@ def test_command(instance: SWEInstance, tests: tuple[str, ...]) -> str:
 
 async def run_tests(
     sandbox: Any, instance: SWEInstance, tests: tuple[str, ...], timeout: float
-) -> tuple[dict[str, str], str, str | None]:
-    """Run `tests` in the sandbox's repo; (outcome per test, output tail, error or None)."""
+) -> tuple[dict[str, str], str, tuple[ErrorKind, str] | None]:
+    """Run `tests` in the sandbox's repo; (outcome per test, output tail, (error kind, error) or None)."""
     result = await sandbox.exec(
         test_command(instance, tests),
         timeout=timeout,
@@ -196,9 +241,9 @@ async def run_tests(
     output = result.stdout + result.stderr
     found = parse_pytest_report(output)
     outcomes = {t: found.get(t, "MISSING") for t in tests}
-    error = f"tests timed out after {timeout:g} s" if result.timed_out else None
-    if not found and not result.timed_out:
-        error = f"the test run reported no results (exit code {result.exit_code})"
+    # stderr carries pytest's usage errors; its tail goes first in the error when there is one
+    tail = result.stderr if result.stderr.strip() else result.stdout
+    error = test_run_error(result.exit_code, result.timed_out, found, tail, timeout)
     return outcomes, output[-4000:], error
 
 
@@ -217,7 +262,7 @@ async def grade_in_sandbox(
         return done(resolved=False, error=str(exc))
     problem = await apply_patch(sandbox, model_patch, "model")
     if problem:
-        return done(resolved=False, error=f"model patch does not apply: {problem}")
+        return done(resolved=False, error=f"model patch does not apply: {problem}", error_kind="patch")
     # Like SWE-bench: the test files the test patch touches are reset first, so edits to them do not count.
     touched = " ".join(shlex.quote(p) for p in files_in_patch(instance.test_patch))
     if touched:
@@ -228,11 +273,12 @@ async def grade_in_sandbox(
     if problem:
         return done(resolved=False, patch_applied=True, error=f"test patch does not apply: {problem}")
     outcomes, log, error = await run_tests(sandbox, instance, instance.tests, test_timeout)
-    resolved = error is None and all(outcomes[t] in PASSING for t in instance.tests)
+    kind, message = error if error else (None, None)
     return done(
-        resolved=resolved,
+        resolved=error is None and all(outcomes[t] in PASSING for t in instance.tests),
         tests=outcomes,
-        error=error,
+        error=message,
+        error_kind=kind,
         patch_applied=True,
         log=log,
         tests_status=tests_status(instance, outcomes),

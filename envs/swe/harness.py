@@ -14,10 +14,19 @@ import asyncio
 import re
 import shlex
 import time
+from dataclasses import replace
 from typing import Any
 
 from envhub.envs.swe import grading, official, workspace
-from envhub.envs.swe.grading import PASSING, GradeResult, RepoError, files_in_patch, parse_pytest_report, tests_status
+from envhub.envs.swe.grading import (
+    PASSING,
+    GradeResult,
+    RepoError,
+    files_in_patch,
+    parse_pytest_report,
+    test_run_error,
+    tests_status,
+)
 from envhub.envs.swe.tasks import DEFAULT_TEST_CMD, SWEInstance
 from envhub.errors import EnvhubError
 
@@ -37,7 +46,23 @@ def grader_for(instance: SWEInstance) -> str:
 async def grade(
     instance: SWEInstance, model_patch: str, pool: Any, repos_dir: Any = None, *, test_timeout: float = 300
 ) -> GradeResult:
-    """Grade `model_patch` for `instance` in a fresh sandbox from `pool` (a `MultiImagePool` for image instances)."""
+    """Grade `model_patch` for `instance` in a fresh sandbox from `pool` (a `MultiImagePool` for image instances).
+
+    A test run that never ran or was killed is no verdict (an error), unless the tests run without the patch:
+    then the patch broke them (deleted a test file, hung in an import), a failure graded like any other."""
+    result = await _grade_once(instance, model_patch, pool, repos_dir, test_timeout)
+    if result.error_kind not in ("no_test_run", "timeout") or not model_patch.strip():
+        return result
+    baseline = await _grade_once(instance, "", pool, repos_dir, test_timeout)
+    if baseline.is_error:  # the test setup itself is broken: no verdict on the patch
+        return result
+    note = f"the patch broke the test run (it runs without the patch): {result.error}"
+    return replace(result, error=None, error_kind=None, note=note, duration=result.duration + baseline.duration)
+
+
+async def _grade_once(
+    instance: SWEInstance, model_patch: str, pool: Any, repos_dir: Any, test_timeout: float
+) -> GradeResult:
     if not instance.image:
         return await grading.grade(instance, model_patch, pool, repos_dir, test_timeout=test_timeout)
     started = time.perf_counter()
@@ -52,8 +77,6 @@ async def grade(
 
 
 def _with_duration(result: GradeResult, seconds: float) -> GradeResult:
-    from dataclasses import replace
-
     return replace(result, duration=seconds)
 
 
@@ -90,7 +113,7 @@ async def grade_in_image(
         return await _official(sandbox, instance, model_patch, cwd, test_timeout, done)
     applied, output = await apply_in(sandbox, cwd, model_patch, official.apply_commands())
     if not applied:
-        return done(resolved=False, error=f"model patch does not apply: {output}")
+        return done(resolved=False, error=f"model patch does not apply: {output}", error_kind="patch")
     if grader == "r2egym":
         return await _r2egym(sandbox, instance, cwd, test_timeout, done)
     return await _pytest(sandbox, instance, cwd, test_timeout, done)
@@ -108,7 +131,9 @@ async def _official(
             "/bin/bash /tmp/envhub-eval.sh 2>&1", timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"}
         )
         log, timed_out = result.stdout + result.stderr, result.timed_out
-    report = await asyncio.to_thread(official.report, instance, model_patch, log, applied=applied, timed_out=timed_out)
+    report, parsed = await asyncio.to_thread(
+        official.report, instance, model_patch, log, applied=applied, timed_out=timed_out
+    )
     status = report.get("tests_status")
     tests = {
         t: ("PASSED" if kind == "success" else "FAILED")
@@ -116,13 +141,17 @@ async def _official(
         for kind, names in group.items()
         for t in names
     }
-    error = None if applied else f"model patch does not apply: {output}"
-    if applied and status is None:
-        error = f"tests timed out after {timeout:g} s" if timed_out else "the test run reported no results (see log)"
+    # swebench fills tests_status from a log without results too (every test a failure): a run whose log parses
+    # to no test never ran its tests, an error as a timeout is in swebench's run report. The eval script's exit
+    # status is its last command's, not pytest's, so only the parsed log decides.
+    error = test_run_error(None, timed_out, parsed, log, timeout) if applied else None
+    if not applied:
+        error = ("patch", f"model patch does not apply: {output}")
     return done(
-        resolved=bool(report["resolved"]),
+        resolved=bool(report["resolved"]) and error is None,
         tests=tests,
-        error=error,
+        error=error[1] if error else None,
+        error_kind=error[0] if error else None,
         patch_applied=applied,
         log=log[-4000:],
         tests_status=status,
@@ -145,16 +174,15 @@ async def _pytest(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
         shlex.quote(t) for t in instance.tests
     )
     result = await sandbox.exec(command + " 2>&1", timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"})
-    found = parse_pytest_report(_ANSI.sub("", result.stdout + result.stderr))
+    output = _ANSI.sub("", result.stdout + result.stderr)
+    found = parse_pytest_report(output)
     outcomes = {t: found.get(t, "MISSING") for t in instance.tests}
-    error = f"tests timed out after {timeout:g} s" if result.timed_out else None
-    if not found and not result.timed_out:
-        error = f"the test run reported no results (exit code {result.exit_code})"
-    resolved = error is None and all(outcomes[t] in PASSING for t in instance.tests)
+    error = test_run_error(result.exit_code, result.timed_out, found, output, timeout)
     return done(
-        resolved=resolved,
+        resolved=error is None and all(outcomes[t] in PASSING for t in instance.tests),
         tests=outcomes,
-        error=error,
+        error=error[1] if error else None,
+        error_kind=error[0] if error else None,
         patch_applied=True,
         log=(result.stdout + result.stderr)[-4000:],
         tests_status=tests_status(instance, outcomes),
@@ -165,11 +193,10 @@ async def _r2egym(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
     expected = {k.split(" - ")[0]: v for k, v in dict(instance.extra.get("expected_output_json") or {}).items()}
     script = "rm -rf r2e_tests && cp -r /r2e_tests r2e_tests && bash /root/run_tests.sh 2>&1"
     result = await sandbox.exec(script, timeout=timeout, cwd=cwd, env={"PYTHONDONTWRITEBYTECODE": "1"})
-    found = {k.split(" - ")[0]: v for k, v in parse_pytest_report(_ANSI.sub("", result.stdout + result.stderr)).items()}
+    output = _ANSI.sub("", result.stdout + result.stderr)
+    found = {k.split(" - ")[0]: v for k, v in parse_pytest_report(output).items()}
     outcomes = {t: found.get(t, "MISSING") for t in sorted(set(expected) | set(found))}
-    error = f"tests timed out after {timeout:g} s" if result.timed_out else None
-    if not found and not result.timed_out:
-        error = f"the test run reported no results (exit code {result.exit_code})"
+    error = test_run_error(result.exit_code, result.timed_out, found, output, timeout)
     # R2E-Gym's rule: the same tests as expected, each with exactly the expected status.
     resolved = error is None and found == expected
     status = {
@@ -184,7 +211,8 @@ async def _r2egym(sandbox: Any, instance: SWEInstance, cwd: str, timeout: float,
     return done(
         resolved=resolved,
         tests=outcomes,
-        error=error,
+        error=error[1] if error else None,
+        error_kind=error[0] if error else None,
         patch_applied=True,
         log=(result.stdout + result.stderr)[-4000:],
         tests_status=status,

@@ -81,9 +81,9 @@ def apply_commands() -> tuple[str, ...]:
 
 def report(
     instance: SWEInstance, model_patch: str | None, log: str, *, applied: bool, timed_out: bool
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, str]]:
     """swebench's per-instance report ({patch_exists, patch_successfully_applied, resolved, tests_status}) from the
-    log."""
+    log, and the per-test statuses its log parser found there (none: the tests never ran)."""
     h = harness()
     assert h is not None
     c = h.constants
@@ -91,8 +91,10 @@ def report(
     if timed_out:
         text += f"\n\n{c.TESTS_TIMEOUT}"
     prediction = {c.KEY_INSTANCE_ID: instance.instance_id, c.KEY_PREDICTION: model_patch, c.KEY_MODEL: "envhub"}
+    spec = test_spec(instance)
     with tempfile.NamedTemporaryFile("w", suffix=".log", encoding="utf-8") as file:
         file.write(text)
         file.flush()
-        result = h.grading.get_eval_report(test_spec(instance), prediction, file.name, include_tests_status=True)
-    return result[instance.instance_id]
+        result = h.grading.get_eval_report(spec, prediction, file.name, include_tests_status=True)
+        parsed, _ = h.grading.get_logs_eval(spec, file.name)
+    return result[instance.instance_id], parsed

@@ -44,7 +44,7 @@ async def validate_instance(
     test_patch_broken = "test patch" in (before.error or "")
     if test_patch_broken:
         problems.append(problem(str(before.error)))
-    elif before.error and not before.tests:
+    elif before.is_error:
         problems.append(problem(f"before the gold patch: {before.error}"))
     else:
         problems += [
@@ -56,7 +56,7 @@ async def validate_instance(
         problems.append(problem(after.error.replace("model patch", "gold patch", 1)))
     elif test_patch_broken:
         pass
-    elif after.error and not after.tests:
+    elif after.is_error:
         problems.append(problem(f"after the gold patch: {after.error}"))
     else:
         for kind, tests in (("FAIL_TO_PASS", instance.FAIL_TO_PASS), ("PASS_TO_PASS", instance.PASS_TO_PASS)):
@@ -112,13 +112,11 @@ async def grade_predictions(
 
     results = await asyncio.gather(*(one(p) for p in predictions))
 
-    # An error means the patch could not be evaluated at all; failing tests are merely unresolved.
-    def is_error(r: GradeResult) -> bool:
-        return bool(r.error) and not r.tests
-
+    # An error means the patch could not be evaluated (it did not apply, the tests never ran or were killed);
+    # failing tests are merely unresolved.
     resolved = [r.instance_id for r in results if r.resolved]
-    errors = [r.instance_id for r in results if not r.resolved and is_error(r)]
-    unresolved = [r.instance_id for r in results if not r.resolved and not is_error(r)]
+    errors = [r.instance_id for r in results if not r.resolved and r.is_error]
+    unresolved = [r.instance_id for r in results if not r.resolved and not r.is_error]
     submitted = {p.instance_id for p in predictions}
     patches = {p.instance_id: p.model_patch for p in predictions}
     return {

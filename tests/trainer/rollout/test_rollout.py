@@ -204,3 +204,28 @@ async def test_an_env_whose_construction_fails_is_an_env_error_in_the_run_metric
     }
     with pytest.raises(TaskFailing, match=r"task Broken-v0: 2 episodes in a row failed \(at build\).*levels/7.txt"):
         errors.raise_if_failing()
+
+
+async def test_an_swe_episode_whose_tests_never_run_is_an_env_error_not_reward_zero(
+    engine_cls, tiny_model, tokenizer, docker_pool, tmp_path
+):
+    from envhub.envs.swe.env import SWEEnv
+    from envhub.envs.swe.tasks import write_instances
+    from envhub.trainer.run.errors import TaskErrors
+    from tests.swe_tiny import BROKEN_SETUP, tiny_instance
+
+    repos_dir = tmp_path / "repos"
+    repos_dir.mkdir()
+    write_instances([tiny_instance(repos_dir, "broken", BROKEN_SETUP)], tmp_path / "tasks.jsonl")
+    engine = engine_cls(tiny_model, tokenizer)
+    worker = RolloutWorker(engine, tokenizer, RolloutConfig(max_new_tokens=3))
+    errors = TaskErrors(max_in_a_row=4)
+    worker.on_episode = errors.observe
+    # one step: whatever the model writes, the step limit grades the (empty) diff, and grading cannot run
+    make_env = lambda: SWEEnv(tmp_path / "tasks.jsonl", repos_dir, pool=docker_pool, max_steps=1, test_timeout=60)
+    traj = await worker.run_episode(make_env, "TinyBroken", seed=0)
+    await engine.close()
+    assert traj.finish_reason == "error" and traj.env_info["error_stage"] == "step"
+    assert errors.metrics()["episode_errors"] == {"TinyBroken": 1}
+    assert "could not be graded (no_test_run)" in errors.metrics()["episode_error"]["TinyBroken"]
+    assert "exit code 4" in errors.metrics()["episode_error"]["TinyBroken"]
