@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -192,7 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         apply_imports(args)  # before the command resolves any env id
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # a reader that left (`envhub list | head`) shows here, not at exit
+        return code
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 141  # as a process killed by SIGPIPE: the reader stopped reading, nothing went wrong
     except EnvhubError as exc:
         message = str(exc.args[0]) if exc.args else str(exc)
         print(f"envhub: error: {message}", file=sys.stderr)
@@ -202,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("envhub: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

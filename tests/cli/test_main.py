@@ -87,3 +87,15 @@ def test_list_marks_ids_that_cannot_run_here_available_hides_them_info_says_why(
         assert "cannot run here: its data files are missing" in str(exc) and "\n" not in str(exc)
     else:
         raise AssertionError("an unavailable env was made")
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly():
+    """`envhub list | head -1`: the pipe closes after one line; no BrokenPipeError traceback, SIGPIPE's status."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envhub.cli.main", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the listing (~100 KB) is more than the pipe holds: the writer meets the closed end
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert first.split()[0].endswith("-v0") and stderr == ""
