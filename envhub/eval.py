@@ -26,6 +26,7 @@ from typing import Any
 
 from envhub.agents.base import Agent, AgentError
 from envhub.errors import ConfigError
+from envhub.progress import progress_bar
 from envhub.toolcalls import parse_tool_calls
 
 AgentFactory = Callable[[], Agent]
@@ -382,7 +383,7 @@ async def evaluate(
     }
     records: list[Any] = [r for r in previous if (r["env_id"], r["seed"], r["attempt"], r["seat"]) in wanted]
     semaphore = asyncio.Semaphore(concurrency)
-    bar = _progress_bar(len(todo)) if progress else None
+    bar = progress_bar(len(todo), desc="eval", unit="ep") if progress else None
 
     async def one(key: EpisodeKey) -> None:
         async with semaphore:
@@ -457,9 +458,3 @@ def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
-
-
-def _progress_bar(total: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="eval", unit="ep", dynamic_ncols=True)

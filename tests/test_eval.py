@@ -419,3 +419,19 @@ async def test_success_is_the_envs_own_verdict_not_a_global_reward_of_one():
     assert episode_success(record, 1.0)
     record.env_success = False  # the env's own word comes first
     assert not episode_success(record, 1.0)
+
+
+def test_off_a_terminal_progress_is_a_few_plain_lines_and_ids_stay_whole(capsys):
+    """In a log (stderr and stdout not terminals, as under capsys): no carriage-return redraws, a line per tenth of
+    the run; the table keeps every id and error whole instead of cutting them to 80 columns."""
+    from envhub.cli.eval import print_table
+
+    assert main(["eval", "Letters-v0", "--agent", "random", "-n", "40"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("eval ")]
+    assert "\r" not in err and len(lines) == 10 and lines[-1].startswith("eval 40/40 ep (100%)")
+    long_id = "minigrid-BabyAI-GoToRedBallNoDistractions-v0-with-a-long-suffix"
+    row = {"episodes": 3, "mean_reward": 0.5, "stderr": 0.1, "pass_at_k": {"1": 0.25}}
+    print_table({long_id: {**row, "errors": {"env_error": 2, "agent_error": 1}}}, [1], title="x" * 100)
+    out = capsys.readouterr().out
+    assert long_id in out and "env_error 2, agent_error 1" in out and "…" not in out

@@ -126,7 +126,17 @@ def print_table(summary: dict[str, dict[str, Any]], ks: list[int], title: str = 
         shown = [f"{progress['mean']:.1f} ± {progress['stderr']:.1f}" if progress else "-"] if with_progress else []
         reward = f"{row['mean_reward']:.3f} ± {row['stderr']:.3f}"
         table.add_row(env_id, str(row["episodes"]), reward, *shown, *passes, errors)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a log has no width to fit: ids and errors stay whole, never cut or folded
+        console = Console(width=table_width(table))
+    console.print(table)
+
+
+def table_width(table: Any) -> int:
+    """The width `table` takes when no cell is cut or wrapped."""
+    from rich.console import Console
+
+    return Console(width=100_000).measure(table).maximum
 
 
 def add_commands(sub: Any) -> None:
