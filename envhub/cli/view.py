@@ -36,6 +36,7 @@ class RunRecord:
     episodes: list[dict[str, Any]] = field(default_factory=list)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     evaluation: Any = None
+    eval_summary: Any = None  #: summary.json, in an `envhub eval --out` directory
     algorithm: dict[str, Any] = field(default_factory=dict)  #: config.json's algorithm section (credit assignment)
     _signature: tuple = ()
     _lock: threading.Lock = field(default_factory=threading.Lock)  # requests refresh from worker threads
@@ -46,13 +47,14 @@ class RunRecord:
 
         with self._lock:
             files = [*episode_files(self.run_dir), self.run_dir / "metrics.jsonl", self.run_dir / "eval.json"]
-            files.append(self.run_dir / "config.json")
+            files += [self.run_dir / "config.json", self.run_dir / "summary.json"]
             signature = _signature(files)
             if signature == self._signature:
                 return
             self.episodes = read_episodes(self.run_dir)
             self.metrics = _read_jsonl(self.run_dir / "metrics.jsonl")
             self.evaluation = _read_json(self.run_dir / "eval.json")
+            self.eval_summary = _read_json(self.run_dir / "summary.json")
             config = _read_json(self.run_dir / "config.json")
             algorithm = config.get("algorithm") if isinstance(config, dict) else None
             self.algorithm = algorithm if isinstance(algorithm, dict) else {}
@@ -80,7 +82,7 @@ class RunRecord:
 
     def as_summary(self) -> RunSummary:
         """What the page's summary shows of this run."""
-        return RunSummary(self.label, self.metrics, self.evaluation, len(self.episodes))
+        return RunSummary(self.label, self.metrics, self.evaluation, len(self.episodes), self.eval_summary)
 
 
 def _signature(files: list[Path]) -> tuple:

@@ -146,9 +146,13 @@ def _turn_html(n: int, turn: dict[str, Any], advantage: str = "") -> str:
     if turn.get("kind") == "reset":
         observation = escape(str(turn.get("observation", "")))
         return f'<div class="turn env"><b>Observation (reset)</b><pre>{observation}</pre></div>'
-    get = lambda k: turn.get(k, "?")
-    timing = f"{get('new_tokens')} tokens in {get('generate_s')}s ({get('engine_finish')})"
-    parts = [f'<div class="turn model"><b>Model, turn {n}</b><span class="meta">  {escape(timing)}</span>']
+    # an engine's turn says how long it took; an `envhub eval` agent's turn does not (no "? tokens in ?s")
+    timing = (
+        f"  {turn['new_tokens']} tokens in {turn.get('generate_s', '?')}s ({turn.get('engine_finish', '?')})"
+        if "new_tokens" in turn
+        else ""
+    )
+    parts = [f'<div class="turn model"><b>Model, turn {n}</b><span class="meta">{escape(timing)}</span>']
     if advantage:
         parts.append(f'<span class="advantage">  {escape(advantage)}</span>')
     parts.append(f"<pre>{escape(str(turn.get('text') or ''))}</pre>")
@@ -160,9 +164,10 @@ def _turn_html(n: int, turn: dict[str, Any], advantage: str = "") -> str:
         parts.append(f'<div class="meta">tool call error: {escape(str(error))}</div>')
     parts.append("</div>")
     if "observation" in turn:
+        env_time = f"  {turn['env_s']}s" if "env_s" in turn else ""
         parts.append(
             f'<div class="turn env"><b>Env: reward {escape(str(turn.get("reward")))}</b>'
-            f'<span class="meta">  {escape(str(turn.get("env_s", "?")))}s</span>'
+            f'<span class="meta">{escape(env_time)}</span>'
             f"<pre>{escape(str(turn['observation']))}</pre></div>"
         )
     return "".join(parts)
@@ -177,12 +182,22 @@ def episode_detail_html(
         return '<section id="episode"><h2>Episode</h2><div id="detail" class="meta">Pick an episode.</div></section>'
     get = lambda k: escape(str(episode.get(k)))
     versions = ",".join(str(v) for v in episode.get("policy_versions") or [])
-    meta = [
-        f"{escape(label)} {get('task')}  seed {get('seed')}  group {get('group_id')} ({escape(outcome_of(episode))})"
-        f"  step {get('step')}  policy versions {escape(versions)}",
-        f"reward {get('reward')}  finish {get('finish_reason')}  turns {get('turns')}  model tokens "
-        f"{get('model_tokens')}  generation {get('generate_s')}s  env {get('env_s')}s",
-    ]
+    if outcome_of(episode) == "evaluated":  # an `envhub eval` episode: no learner step, policy or token counts
+        meta = [
+            f"{escape(label)} {get('task')}  seed {get('seed')}  attempt {get('step')}",
+            f"reward {get('reward')}  finish {get('finish_reason')}  turns {get('turns')}  {get('duration_s')}s",
+        ]
+    else:
+        meta = [
+            f"{escape(label)} {get('task')}  seed {get('seed')}  group {get('group_id')} "
+            f"({escape(outcome_of(episode))})  step {get('step')}  policy versions {escape(versions)}",
+            f"reward {get('reward')}  finish {get('finish_reason')}  turns {get('turns')}  model tokens "
+            f"{get('model_tokens')}  generation {get('generate_s')}s  env {get('env_s')}s",
+        ]
+    info = episode.get("env_info") if isinstance(episode.get("env_info"), dict) else {}
+    if info.get("error"):
+        kind = info.get("error_kind") or info.get("error_stage") or "env"
+        meta.append(f"error ({escape(str(kind))}): {escape(str(info['error']))}")
     log = [t for t in episode.get("log") or [] if isinstance(t, dict)]
     body = "".join(f'<div class="meta">{line.strip()}</div>' for line in meta)
     labels = iter(f"advantage {a:+.3f} ({estimator})" for a in advantages or [])

@@ -19,12 +19,19 @@ CHART_W, CHART_H, PAD_L, PAD_R, PAD_T, PAD_B = 300, 170, 34, 8, 18, 24
 
 @dataclass(frozen=True)
 class RunSummary:
-    """What the summary shows of one run: its label, metrics rows and eval.json (None when there is none)."""
+    """What the summary shows of one run: its label, metrics rows and eval.json (None when there is none), or, for
+    an `envhub eval --out` directory, its summary.json."""
 
     label: str
     rows: list[dict[str, Any]]
     evaluation: Any = None
     episodes: int = 0
+    eval_summary: Any = None  #: summary.json of an `envhub eval` directory (None for a training run)
+
+    @property
+    def is_evaluation(self) -> bool:
+        """True for an `envhub eval --out` directory: a summary.json and no learner step."""
+        return self.eval_summary is not None and not self.rows
 
 
 @dataclass(frozen=True)
@@ -204,19 +211,61 @@ def evals_html(runs: list[RunSummary]) -> str:
     return f'<section id="evals"><h2>Held-out evaluation (eval.json)</h2><div class="tables">{tables}</div></section>'
 
 
+def _pass_cells(row: dict[str, Any], ks: list[str]) -> list[str]:
+    values = row.get("pass_at_k") if isinstance(row.get("pass_at_k"), dict) else {}
+    return [f"{v:.3f}" if (v := _number(values.get(k))) is not None else "—" for k in ks]
+
+
+def eval_summary_html(label: str, summary: Any) -> str:
+    """An `envhub eval` directory's summary.json as a table: a row per env (per seat for games) with its scored
+    episodes, success (pass@k), mean reward ± standard error, progress where the env reports it, and errors."""
+    caption = f"<caption>{escape(label)}</caption>"
+    if isinstance(summary, dict) and isinstance(summary.get("error"), str):  # the server could not read it
+        return f'<table class="eval">{caption}<tr><td class="meta">{escape(summary["error"])}</td></tr></table>'
+    if not isinstance(summary, dict) or not all(isinstance(row, dict) for row in summary.values()):
+        return (
+            f'<table class="eval">{caption}<tr><td class="meta">summary.json is not a summary by env</td></tr></table>'
+        )
+    ks = sorted({str(k) for row in summary.values() for k in row.get("pass_at_k") or {}}, key=int)
+    with_progress = any(isinstance(row.get("progress"), dict) for row in summary.values())
+    head = ["env", "episodes", *(f"success (pass@{k})" for k in ks), "mean reward", *(["progress"] * with_progress)]
+    body = []
+    for env_id, row in summary.items():
+        progress = row.get("progress") if isinstance(row.get("progress"), dict) else {}
+        errors = row.get("errors") if isinstance(row.get("errors"), dict) else {}
+        cells = [escape(str(env_id)), escape(str(row.get("episodes", ""))), *_pass_cells(row, ks)]
+        cells.append(_mean_se({"m": row.get("mean_reward"), "m_se": row.get("stderr")}, "m"))
+        cells += [_mean_se({"m": progress.get("mean"), "m_se": progress.get("stderr")}, "m")] * with_progress
+        cells.append(escape(", ".join(f"{kind} {n}" for kind, n in errors.items()) or "—"))
+        body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    header = "".join(f"<th>{escape(x)}</th>" for x in [*head, "errors"])
+    return f'<table class="eval">{caption}<tr>{header}</tr>{"".join(body)}</table>'
+
+
+def eval_summaries_html(runs: list[RunSummary]) -> str:
+    """The section of the `envhub eval` directories: one summary table each."""
+    tables = "".join(eval_summary_html(run.label, run.eval_summary) for run in runs)
+    return f'<section id="evals"><h2>Evaluation (summary.json)</h2><div class="tables">{tables}</div></section>'
+
+
 def header_html(runs: list[RunSummary]) -> str:
-    """The page's header: each run's label with its counts of episodes and learner steps."""
+    """The page's header: each run's label with its counts of episodes and learner steps (evaluations: episodes)."""
     items = "".join(
         f'<span><i style="background:{color(n)}"></i>{escape(run.label)}: {run.episodes} episodes, '
-        f"{len(run.rows)} learner steps</span>"
+        + ("an evaluation" if run.is_evaluation else f"{len(run.rows)} learner steps")
+        + "</span>"
         for n, run in enumerate(runs)
     )
     return f'<header><h1>envhub view</h1><div id="runs">{items}</div></header>'
 
 
 def page_html(template: str, runs: list[RunSummary], episodes: str, detail: str) -> str:
-    """The whole page in the template's slots: header, curves, eval tables, then the episode list and detail."""
-    summary = f'<div class="summary">{curves_html(runs)}{evals_html(runs)}</div>'
+    """The whole page in the template's slots: header, curves and eval tables of training runs, summaries of
+    evaluations, then the episode list and detail. A page of evaluations only has no training panels."""
+    training = any(not run.is_evaluation for run in runs)
+    evaluations = [run for run in runs if run.is_evaluation]
+    panels = f"{curves_html(runs)}{evals_html(runs)}" if training else ""
+    summary = f'<div class="summary">{panels}{eval_summaries_html(evaluations) if evaluations else ""}</div>'
     body = f"{header_html(runs)}{summary}<main>{episodes}{detail}</main>"
     title = escape(", ".join(run.label for run in runs))
     return template.replace("<!--envhub:title-->", title).replace("<!--envhub:body-->", body)

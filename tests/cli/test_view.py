@@ -268,6 +268,35 @@ async def test_an_envhub_eval_directory_is_viewable_turn_by_turn(tmp_path):
     assert len(moves) == first["turns"] > 0 and all(t["text"] in ("up", "down", "left", "right") for t in moves)
 
 
+async def test_an_eval_directory_shows_its_summary_and_episodes_without_the_training_panels(tmp_path):
+    from envhub.agents import ExpertAgent
+    from envhub.eval import EvalConfig, evaluate
+
+    def broken():
+        raise FileNotFoundError("no such level file: levels/7.txt")
+
+    config = EvalConfig(env_factories={"Broken-v0": broken})
+    await evaluate(
+        ["FrozenLake-v0", "Broken-v0"], ExpertAgent, episodes=2, concurrency=1, out_dir=tmp_path, config=config
+    )
+    url, runner = await serve(tmp_path)
+    try:
+        async with aiohttp.ClientSession() as session:
+            page = await (await session.get(url)).text()
+            turns = await (await session.get(url + "fragment/episode?episode=0")).text()
+            failed = await (await session.get(url + "fragment/episode?episode=2")).text()
+    finally:
+        await runner.cleanup()
+    assert "No learner step yet" not in page and "no eval.json" not in page and "learner steps" not in page
+    assert "4 episodes, an evaluation" in page and "Evaluation (summary.json)" in page
+    cells = lambda env: re.findall(r"<td>(.*?)</td>", re.search(rf"<tr><td>{env}</td>.*?</tr>", page).group(0))
+    assert cells("FrozenLake-v0") == ["FrozenLake-v0", "2", "1.000", "1.000 ± 0.000", "—"]
+    assert cells("Broken-v0") == ["Broken-v0", "0", "—", "0.000 ± 0.000", "env_error 2"]
+    assert "Model, turn 1" in turns and "?" not in re.sub(r"<pre>.*?</pre>", "", turns, flags=re.S)
+    assert "seed 0  attempt 0" in turns and "policy versions" not in turns
+    assert "error (env_error): FileNotFoundError: no such level file" in failed
+
+
 async def test_each_model_turn_shows_the_advantage_the_runs_estimator_gives_it(tmp_path):
     """A gigpo run: two episodes of one group reach the goal, one after a wasted move at the start square. The
     page shows each turn's advantage as the learner computes it (GiGPO, gamma 0.5): the wasted move -1.414, the
