@@ -1,11 +1,17 @@
 """Train a model on any envhub env with TRL's GRPOTrainer (`pip install 'envhub[trl]'`).
 
-    python examples/trl_grpo.py FrozenLake-v0 --max-steps 2                  # the tiny random model, on the CPU
+    python examples/trl_grpo.py Letters-v0 --max-steps 2                     # the tiny random model, on the CPU
     python examples/trl_grpo.py Letters-v0 --max-steps 50 --model smollm2    # SmolLM2-135M from its PyPI package
+    python examples/trl_grpo.py FrozenLake-v0 --max-steps 2                  # a tool env: the plumbing only
     python examples/trl_grpo.py MyEnv-v0 --import my_envs.py --model ./hf-model-dir
 
 Tool envs go through TRL's `environment_factory` (TRL's tool loop calls the env's tools), text envs through envhub's
 `rollout_func`; each dataset row is one episode seed, played by a whole GRPO group. docs/integrations.md explains.
+
+The default model, `tiny`, has random weights: it shows that the plumbing works, not learning. On Letters-v0 its
+noise still earns part of the dense reward (measured: 0.36 and 0.37 at steps 1 and 2, 79 s on 2 CPU cores). On a
+tool env such as FrozenLake-v0 it never writes a tool call: every completion runs to --max-completion-length and the
+reward stays 0. A reward there needs a model that writes tool calls (not measured here with --model smollm2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The examples/ scripts run as a user would run them."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,10 @@ def test_trl_grpo_trains_a_tool_env_and_a_text_env(tmp_path, env_id, extra):
     small = ["--group", 2, "--batch", 2, "--seeds", 4, "--max-completion-length", 64, "--threads", 1]
     done = run_example("trl_grpo.py", env_id, "--max-steps", 1, *small, *extra, "--out", tmp_path / "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "step 1: reward " in done.stderr
+    reward = float(re.search(r"step 1: reward (\S+)", done.stderr).group(1))
+    # as the example's docstring says: the random tiny model earns part of Letters' dense reward, and never calls
+    # FrozenLake's tools (the plumbing works, the reward stays 0)
+    assert reward > 0 if env_id == "Letters-v0" else reward == 0.0
 
 
 def test_verl_agent_loop_writes_the_run_and_prints_the_command(tmp_path):
