@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.envhub-installed
+GUARD_STAMP := $(VENV)/.envhub-shadow-guard
 VERL_OVERLAY := $(VENV)/verl-overlay
 SKYRL_OVERLAY := $(VENV)/skyrl-overlay
 # vLLM (CPU build) lives in its own virtualenv: its pins (transformers<5.20, fastapi<0.137, numpy<2.4,
@@ -34,7 +35,7 @@ STARTED := $(shell date +%s)
 
 .PHONY: install vllm system-packages docker-engine base-image lint test test-fast demo clean
 
-install: $(STAMP) $(VLLM_STAMP) docker-engine
+install: $(STAMP) $(GUARD_STAMP) $(VLLM_STAMP) docker-engine
 
 system-packages:
 	@bash scripts/install-system.sh $(APT_PACKAGES)
@@ -66,6 +67,14 @@ $(STAMP): pyproject.toml setup.py | $(UV)
 	rm -rf $(VERL_OVERLAY)/tests $(VERL_OVERLAY)/scripts  # verl's wheel ships top-level packages by these names
 	$(PIP_INSTALL) $(BIN)/python --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
 	@touch $(STAMP)
+
+# A clone named `envhub` would shadow the editable install for scripts run from its parent (Python imports the
+# clone's root as an empty namespace package first): a start-up hook beside envhub imports the installed one and
+# names the directory in the way (scripts/envhub_shadow_guard.py). Editable wheels carry no data files, hence a copy.
+$(GUARD_STAMP): scripts/envhub_shadow_guard.py scripts/envhub-shadow-guard.pth | $(STAMP)
+	cp scripts/envhub_shadow_guard.py scripts/envhub-shadow-guard.pth \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
+	@touch $@
 
 vllm: $(VLLM_STAMP)
 
