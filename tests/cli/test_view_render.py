@@ -154,3 +154,13 @@ def test_page_fills_the_template_and_escapes_labels():
     html = page_html("<title><!--envhub:title--></title><body><!--envhub:body--></body>", runs, "<ul/>", "<ol/>")
     assert "<script>" not in html and "3 episodes, 1 learner steps" in html
     assert html.index('id="curves"') < html.index('id="evals"') < html.index("<ul/>") < html.index("<ol/>")
+
+
+def test_an_eval_summary_that_cannot_be_read_says_so_and_hostile_ids_are_escaped():
+    from envhub.cli.view_render import eval_summary_html
+
+    assert "summary.json: Expecting value" in eval_summary_html("r", {"error": "summary.json: Expecting value"})
+    assert "not a summary by env" in eval_summary_html("r", ["not", "a", "dict"])
+    row = {"episodes": 1, "mean_reward": 1, "stderr": 0, "pass_at_k": {"1": None}, "errors": {HOSTILE: 1}}
+    html = eval_summary_html(HOSTILE, {HOSTILE: row})
+    assert "<script>" not in html and html.count("&lt;script&gt;") == 3 and "<td>—</td>" in html
