@@ -134,6 +134,9 @@ async def _official(
     report, parsed = await asyncio.to_thread(
         official.report, instance, model_patch, log, applied=applied, timed_out=timed_out
     )
+    # only the instance's own tests count as results: swebench's pytest parser also reads pytest's usage error
+    # ("ERROR: usage: pytest [options] ...") as a test named "usage:"
+    parsed = {test: status for test, status in parsed.items() if test in set(instance.tests)}
     status = report.get("tests_status")
     tests = {
         t: ("PASSED" if kind == "success" else "FAILED")
@@ -144,7 +147,7 @@ async def _official(
     # swebench fills tests_status from a log without results too (every test a failure): a run whose log parses
     # to no test never ran its tests, an error as a timeout is in swebench's run report. The eval script's exit
     # status is its last command's, not pytest's, so only the parsed log decides.
-    error = test_run_error(None, timed_out, parsed, log, timeout) if applied else None
+    error = test_run_error(None, timed_out, parsed, official.test_output(log), timeout) if applied else None
     if not applied:
         error = ("patch", f"model patch does not apply: {output}")
     return done(

@@ -79,6 +79,14 @@ def apply_commands() -> tuple[str, ...]:
     return ("git apply --verbose", "git apply --verbose --reject", "patch --batch --fuzz=5 -p1 -i")
 
 
+def test_output(log: str) -> str:
+    """The part of an eval script's log between swebench's start and end markers (the whole log without them)."""
+    h = harness()
+    assert h is not None
+    start, end = h.constants.START_TEST_OUTPUT, h.constants.END_TEST_OUTPUT
+    return log.split(start, 1)[1].split(end, 1)[0] if start in log else log
+
+
 def report(
     instance: SWEInstance, model_patch: str | None, log: str, *, applied: bool, timed_out: bool
 ) -> tuple[dict[str, Any], dict[str, str]]:

@@ -50,7 +50,7 @@ async def test_a_killed_test_run_is_an_error_unless_the_patch_is_what_broke_the_
     # the working task's tests run without these patches: one that hangs them or breaks their setup fails
     hangs, breaks, empty = (replace(working, instance_id=f"tiny__working-{n}") for n in ("hang", "setup", "empty"))
     patches = {
-        hanging.instance_id: hanging.patch,
+        hanging.instance_id: "",  # the empty patch: nothing to hold against a run without it
         hangs.instance_id: diff(
             repos_dir / "tiny__working", "calc.py", "def add(a, b):\n    while True:\n        pass\n"
         ),
@@ -59,14 +59,14 @@ async def test_a_killed_test_run_is_an_error_unless_the_patch_is_what_broke_the_
     }
     predictions = [Prediction(i, patch, "p") for i, patch in patches.items()]
     report = await grade_predictions(
-        [hanging, hangs, breaks, empty], predictions, docker_pool, repos_dir, test_timeout=3, concurrency=4
+        [hanging, hangs, breaks, empty], predictions, docker_pool, repos_dir, test_timeout=5, concurrency=4
     )
     details = report["details"]
     assert report["error_ids"] == [hanging.instance_id], details
     assert details[hanging.instance_id]["error_kind"] == "timeout"
-    assert "timed out after 3 s" in details[hanging.instance_id]["error"]
+    assert "timed out after 5 s" in details[hanging.instance_id]["error"]
     assert report["unresolved_ids"] == sorted([hangs.instance_id, breaks.instance_id, empty.instance_id]), details
-    for instance, why in ((hangs, "timed out after 3 s"), (breaks, "exit code 4")):
+    for instance, why in ((hangs, "timed out after 5 s"), (breaks, "exit code 4")):
         detail = details[instance.instance_id]
         assert detail["error_kind"] is None and detail["reason"].startswith("the patch broke the test run"), detail
         assert why in detail["reason"]

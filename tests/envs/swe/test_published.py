@@ -132,3 +132,25 @@ async def test_official_harness_handles_bad_patch_and_timeout(published):
     assert "does not apply" in broken.error and broken.swebench_report(bad)["patch_successfully_applied"] is False
     assert not slow.resolved and slow.patch_applied and not slow.is_error
     assert slow.reason.startswith("the patch broke the test run") and "timed out after 8 s" in slow.reason
+
+
+async def test_official_harness_reports_a_test_run_that_never_ran_as_an_error(published):
+    """swebench fills tests_status even from a log without results (every test a failure); a log that parses to no
+    test at all, here because the tests' pytest.ini asks for pytest-cov, is an error."""
+    import dataclasses
+
+    from envhub.envs.swe import harness
+    from envhub.sandboxes.multipool import MultiImagePool
+
+    inst = published.instances["swebench"]
+    needs_cov = (
+        "diff --git a/pytest.ini b/pytest.ini\nnew file mode 100644\n--- /dev/null\n+++ b/pytest.ini\n"
+        "@@ -0,0 +1,2 @@\n+[pytest]\n+addopts = --cov=exprcalc\n"
+    )
+    broken = dataclasses.replace(inst, test_patch=inst.test_patch + needs_cov)
+    async with MultiImagePool(spares_budget=0) as pool:  # the empty patch: no second run without it to compare
+        result = await harness.grade(broken, "", pool, test_timeout=60)
+    assert result.grader == "swebench" and not result.resolved and result.is_error, result.reason
+    assert result.error_kind == "no_test_run" and "never ran the tests (no results)" in result.error
+    assert "unrecognized arguments: --cov=exprcalc" in result.error  # the tail of the test run's own output
+    assert result.tests_status is not None  # swebench's own report, kept as it is
