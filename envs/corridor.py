@@ -48,8 +48,15 @@ class CorridorEnv(AgentEnv):
     reward_doc = "1.0 on reaching the last square (episode ends), 0.0 otherwise (truncated after max_turns replies)"
 
     def __init__(
-        self, length: int = 3, max_turns: int = 5, alternate: bool = False, render_mode: str | None = None
+        self,
+        length: int = 3,
+        max_turns: int = 5,
+        alternate: bool = False,
+        demo_waste: float = 0.0,
+        render_mode: str | None = None,
     ) -> None:
+        if not 0.0 <= demo_waste < 1.0:
+            raise ValueError(f"demo_waste is the share of turns the demonstrator wastes, in [0, 1); got {demo_waste}")
         if length < 1:
             raise ValueError(f"Corridor length must be at least 1, got {length}")
         if max_turns < length:
@@ -57,6 +64,7 @@ class CorridorEnv(AgentEnv):
         self.length = length
         self.max_turns = max_turns
         self.alternate = alternate
+        self.demo_waste = demo_waste
         if alternate:
             self.system_prompt = self.alternating_prompt
         self.render_mode = render_mode
@@ -91,6 +99,14 @@ class CorridorEnv(AgentEnv):
             "success": self.position >= self.length,
             "anchor": self.anchor(),
         }
+
+    def oracle_action(self) -> str:
+        """The demonstrator's reply (the expert agent's, for SFT data): a move, or with probability `demo_waste` a
+        wasted turn, drawn from the env's seeded RNG (a warm start that wastes turns leaves RL something to learn)."""
+        first_half = self.position % 2 == 0 or not self.alternate
+        if self.np_random.random() < self.demo_waste:
+            return "wait" if first_half else "hold"
+        return "go" if first_half else "run"
 
     def anchor(self) -> str:
         """The square: all a turn's future depends on (turns left are a counter, left out as anchors require)."""

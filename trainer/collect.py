@@ -49,12 +49,14 @@ class Demonstration:
 
 
 async def collect_episode(
-    env_id: str, seed: int, agent_kind: str = "expert", max_turns: int = 32, **kwargs: Any
+    env_id: str, seed: int, agent_kind: str = "expert", max_turns: int = 32, env_kwargs: dict[str, Any] | None = None
 ) -> Demonstration:
-    """Play one episode with the agent, recording the conversation as the rollout would present it."""
+    """Play one episode with the agent, recording the conversation as the rollout would present it.
+
+    `max_turns` caps the collector; `env_kwargs` go to the env (kept apart: an env's own `max_turns` is its kwarg)."""
     import envhub
 
-    env = envhub.make(env_id, **kwargs)
+    env = envhub.make(env_id, **(env_kwargs or {}))
     try:
         agent = make_agent(agent_kind, env, seed)
         obs, info = await env.areset(seed=seed)
@@ -96,7 +98,9 @@ async def collect(
     agent: str = "expert",
     seed: int = 0,
     min_reward: float | None = None,
-    **kwargs: Any,
+    *,
+    max_turns: int = 32,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> list[Demonstration]:
     """Collect `n` episodes (seeds seed..seed+n-1) into `out` (JSONL, one line written and flushed per episode)."""
     out = Path(out)
@@ -104,7 +108,7 @@ async def collect(
     kept = []
     with out.open("w", encoding="utf-8") as f:
         for s in range(seed, seed + n):
-            demo = await collect_episode(env_id, s, agent, **kwargs)
+            demo = await collect_episode(env_id, s, agent, max_turns, env_kwargs)
             if min_reward is not None and demo.reward < min_reward:
                 continue
             f.write(json.dumps(asdict(demo)) + "\n")

@@ -202,7 +202,13 @@ async def collect_expert_data(config: Any, path: Path) -> Path:
         part = path.with_suffix(f".{i}.jsonl")
         try:
             await collect(
-                task.env, config.sft.collect, part, seed=2_000_000 + 10_000 * i, min_reward=1e-9, **task.kwargs
+                task.env,
+                config.sft.collect,
+                part,
+                seed=2_000_000 + 10_000 * i,
+                min_reward=1e-9,
+                max_turns=config.rollout.max_turns,  # demonstrations as long as the episodes RL will play
+                env_kwargs=task.kwargs,
             )
         except ConfigError as exc:  # e.g. an env without a solver: the others still warm-start
             print(f"sft: no expert data for {task.env}: {exc}", flush=True)

@@ -22,7 +22,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         raise ConfigError(f"-n must be at least 1, got {args.n}")
     from envhub.trainer.collect import collect
 
-    demos = asyncio.run(collect(args.env, args.n, args.out, args.agent, args.seed, args.min_reward, **kwargs))
+    demos = asyncio.run(collect(args.env, args.n, args.out, args.agent, args.seed, args.min_reward, env_kwargs=kwargs))
     mean = sum(d.reward for d in demos) / len(demos) if demos else 0.0
     print(f"wrote {len(demos)} episodes of {args.env} to {args.out} (mean reward {mean:.3f})", file=sys.stderr)
     return 0

@@ -40,3 +40,15 @@ def test_the_turn_limit_truncates_without_reward():
 def test_bad_settings_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CorridorEnv(**kwargs)
+
+
+def test_the_demonstrator_wastes_its_share_of_turns_from_the_seeded_rng():
+    env = CorridorEnv(length=4, max_turns=64, demo_waste=0.25)
+    env.reset(seed=3)
+    replies = [env.oracle_action() for _ in range(400)]
+    assert set(replies) == {"go", "wait"} and 0.18 < replies.count("wait") / 400 < 0.32
+    env.reset(seed=3)
+    assert [env.oracle_action() for _ in range(400)] == replies
+    assert CorridorEnv(length=4, max_turns=8).oracle_action() == "go"  # demo_waste 0: the best play
+    with pytest.raises(ValueError, match=r"demo_waste .* in \[0, 1\)"):
+        CorridorEnv(demo_waste=1.0)

@@ -34,7 +34,7 @@ async def test_envhub_collect_records_the_experts_tool_calls(docker_pool, tmp_pa
     from envhub.toolcalls import parse_tool_calls
     from envhub.trainer.collect import collect
 
-    demos = await collect("ShellQuiz-v0", 2, tmp_path / "quiz.jsonl", pool=docker_pool)
+    demos = await collect("ShellQuiz-v0", 2, tmp_path / "quiz.jsonl", env_kwargs={"pool": docker_pool})
     assert [d.reward for d in demos] == [1.0, 1.0] and len((tmp_path / "quiz.jsonl").read_text().splitlines()) == 2
     bash_turn, submit_turn = demos[0].messages[2]["content"], demos[0].messages[4]["content"]
     assert bash_turn.startswith('<tool_call>{"name": "bash", "arguments": {"command": ') and bash_turn.endswith(

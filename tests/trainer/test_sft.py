@@ -63,7 +63,7 @@ def test_oracle_actions_become_calls_of_the_envs_tools():
 
 
 async def test_math_demonstrations_are_worked_text_answers(tmp_path):
-    (demo,) = await collect("Math-v0", 1, tmp_path / "m.jsonl", kind="arithmetic", difficulty=1)
+    (demo,) = await collect("Math-v0", 1, tmp_path / "m.jsonl", env_kwargs={"kind": "arithmetic", "difficulty": 1})
     answer = demo.messages[-1]["content"]
     assert demo.reward == 1.0 and "<tool_call>" not in answer and " x " in answer and answer.endswith("}")
 
@@ -226,3 +226,11 @@ async def test_evaluation_max_turns_caps_held_out_episodes_below_the_rollouts(ti
     assert [(e["steps"], e["finish"]) for e in episodes] == [(1, "max_turns")] * 3
     with pytest.raises(ConfigError, match=r"evaluation.max_turns must be >= 0 \(0 = rollout.max_turns\)"):
         config_from_dict({**config_to_dict(config), "evaluation": {"max_turns": -1}})
+
+
+async def test_collect_gives_the_env_its_own_max_turns_and_caps_the_collector_apart(tmp_path):
+    waster = {"length": 4, "max_turns": 8, "demo_waste": 0.9}  # a demonstrator that mostly waits: no early arrival
+    (demo,) = await collect("Corridor-v0", 1, tmp_path / "c.jsonl", env_kwargs=waster)
+    assert sum(m["role"] == "assistant" for m in demo.messages) == 8  # the env's 8 turns, not its default 5
+    (capped,) = await collect("Corridor-v0", 1, tmp_path / "d.jsonl", max_turns=3, env_kwargs=waster)
+    assert sum(m["role"] == "assistant" for m in capped.messages) == 3
