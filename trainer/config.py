@@ -292,6 +292,14 @@ class EvalConfig:
 
 
 @dataclass
+class MachineConfig:
+    """The machine the run is meant for, as `envhub train --dry-run` places it (0 = what this machine has)."""
+
+    gpus: int = 0  #: GPUs of the target machine; on a machine without CUDA the dry-run plans for one with these
+    gpu_memory_gib: float = 0.0  #: memory of each GPU the run may use (e.g. 80 for an H100; 0 = read it here)
+
+
+@dataclass
 class TrainConfig:
     """A whole training run."""
 
@@ -304,6 +312,7 @@ class TrainConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
+    machine: MachineConfig = field(default_factory=MachineConfig)  #: the target machine of --dry-run
     seed: int = 0  #: seeds task sampling, env seeds and the model init
     out_dir: str = "runs/train"  #: checkpoints, metrics.jsonl, TensorBoard logs and reward PNG
     #: modules or .py files (relative to the config file) that register the tasks' envs; imported before the run
