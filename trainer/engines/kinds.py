@@ -102,6 +102,21 @@ class EngineKind:
             hint="play episodes in the trainer's process (no --ray), or use engine.kind embedded or sglang",
         )
 
+    def processes(self, config: Any, cuda: bool) -> list[Any]:
+        """Where this kind's processes run (`envhub train --dry-run`): `trainer.engines.placement.EngineProcess`es;
+        by default the servers named in engine.url, or one server the run starts on this machine."""
+        from envhub.trainer.engines.placement import EngineProcess, attached
+
+        if self.in_process:
+            return [EngineProcess(f"{self.name} engine", "trainer")]
+        if config.engine.url:
+            return attached(config.engine.url, self.name, "/health")
+        return [EngineProcess(f"{self.name} server", "local")]
+
+    def check_launch(self, config: Any) -> None:
+        """EngineError naming the fix when this machine cannot start what the config asks of this kind (a missing
+        install, no CUDA); starts nothing. By default there is nothing to check."""
+
     def serve(self, args: Any) -> int:
         """`envhub serve-engine --backend NAME`: serve a model in the foreground until stopped; the exit code."""
         raise EngineError(

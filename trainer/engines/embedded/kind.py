@@ -54,6 +54,22 @@ class EmbeddedKind(EngineKind):
             cuda_graphs=None if cfg.cuda_graphs else False,
         )
 
+    def processes(self, config: Any, cuda: bool) -> list[Any]:
+        from envhub.trainer.engines.placement import EngineProcess
+
+        cfg = config.engine
+        # engine.dtype auto serves bf16 on GPUs and beside a bf16 learner; an fp32 CPU run may still pick bf16 (AMX)
+        fp32 = cfg.dtype == "float32" or (cfg.dtype == "auto" and not cuda and config.model.dtype != "bfloat16")
+        budget = int((cfg.kv_cache_mb + cfg.prefix_cache_mb) * 2**20)  # live rows' KV and earlier turns' KV
+        # on CUDA with graphs the cache is allocated once as max_batch_size + 1 equal rows (kv_cache.py)
+        rows = cfg.max_batch_size if cuda and cfg.cuda_graphs else 0
+        return [
+            EngineProcess(
+                "embedded engine", "trainer", kv_budget_bytes=budget, dtype_bytes=4 if fp32 else 2,
+                static_rows=rows, static_bytes=int(cfg.kv_cache_mb * 2**20),
+            )
+        ]  # fmt: skip
+
     async def worker_endpoint(
         self, engine: Any, *, host: str, bind: str, api_key: str | None
     ) -> tuple[str, Any | None]:

@@ -4,6 +4,7 @@ router or the servers themselves. SGLang serves itself (`python -m sglang.launch
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,35 @@ class SGLangKind(EngineKind):
             )
         if engine.launch is not None:
             _check_launch(engine.launch, engine.api_key)
+
+    def processes(self, config: Any, cuda: bool) -> list[Any]:
+        from envhub.trainer.engines.placement import attached
+
+        engine = config.engine
+        if engine.launch is None:
+            servers = attached(engine.url, "sglang", "/model_info")  # /model_info: up, without generating
+            if engine.router_url:
+                servers += [_router(engine.router_url, "remote")]
+            return servers
+        return _launched(config)
+
+    def check_launch(self, config: Any) -> None:
+        if config.engine.launch is None:
+            return
+        import torch
+
+        from envhub.errors import EngineError
+        from envhub.trainer.engines.sglang.launch import INSTALL_HINT, check_installed
+
+        if not torch.cuda.is_available():
+            raise EngineError("engine.launch starts SGLang, which needs CUDA GPUs; this machine has none",
+                              hint=INSTALL_HINT)  # fmt: skip
+        launch = config.engine.launch
+        check_installed(launch.python or sys.executable, router=launch.router is not None)
+        from envhub.trainer.engines.sglang.launch import check_gpus, plan_launch
+
+        plan = plan_launch(launch, model_path="-", tp_size=config.engine.tp_size, dtype="bfloat16")
+        check_gpus(plan, torch.cuda.device_count())
 
     async def build(self, config: Any, model: Any, tokenizer: Any) -> InferenceEngine:
         from envhub.trainer.engines.sglang.deploy import build_deployment
@@ -66,3 +96,27 @@ def _check_launch(launch: Any, api_key: str) -> None:
             f"engine.launch.host {launch.host} reaches beyond this machine without an API key",
             hint="set engine.api_key (SGLang's --api-key), or keep host: 127.0.0.1",
         )
+
+
+def _router(url: str, where: Any) -> Any:
+    from envhub.trainer.engines.placement import EngineProcess
+
+    return EngineProcess("sglang-router", where, url=url.rstrip("/"), health_path="/health", holds_weights=False)
+
+
+def _launched(config: Any) -> list[Any]:
+    """The servers (and router) `engine.launch` starts: GPUs, tp and memory fraction of each."""
+    from envhub.trainer.engines.placement import EngineProcess
+    from envhub.trainer.engines.sglang.launch import plan_launch
+
+    engine, launch = config.engine, config.engine.launch
+    plan = plan_launch(launch, model_path=launch.model_path or "RUN_DIR/weights/initial", tp_size=engine.tp_size,
+                       dtype="bfloat16")  # fmt: skip
+    found = [
+        EngineProcess(f"sglang-{i}", "local", gpus=s.gpus, tp=s.tp_size, memory_fraction=launch.mem_fraction_static,
+                      url=s.url, health_path="/ready")
+        for i, s in enumerate(plan.servers)
+    ]  # fmt: skip
+    if plan.router_url:
+        found.append(_router(plan.router_url, "local"))
+    return found

