@@ -27,6 +27,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config.imports += [t for t in map(resolve_target, args.imports or []) if t not in config.imports]
     if args.steps is not None:
         config.budget.steps = args.steps
+    if args.dry_run:
+        return _dry_run(config, args)
     ray = None
     if args.ray:
         from envhub.errors import ConfigError
@@ -83,6 +85,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+def _dry_run(config: Any, args: argparse.Namespace) -> int:
+    """Validate `config` and print where each process runs and the memory it needs; start nothing. Exit 1 when
+    the placement refuses the run (each refusal names the number and the fix)."""
+    from envhub.trainer.placement.machine import machine_for
+    from envhub.trainer.placement.placement import plan_placement
+    from envhub.trainer.placement.report import placement_text
+    from envhub.user_modules import load_user_modules
+
+    load_user_modules(config.imports)  # a kind from the user's module is known before it is asked where it runs
+    config.check_engine()
+    machine = machine_for(args.gpus, args.gpu_memory_gib, args.host_memory_gib, stated=config.machine)
+    placement = plan_placement(config, machine, ray=args.ray, ray_workers=args.ray_workers)
+    if args.json:
+        print(json.dumps(placement.to_dict(), indent=2))
+    else:
+        print(placement_text(placement))
+    return 1 if placement.refusals else 0
 
 
 def _step_progress(total: int) -> tuple[Any, Any]:
@@ -153,6 +174,21 @@ def add_commands(sub: Any) -> None:
     )
     p.add_argument("--out", default=None, help="output directory (default: out_dir from the config)")
     p.add_argument("--steps", type=int, default=None, help="override budget.steps")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config and print where each process runs and the memory it needs; start nothing",
+    )
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the placement as JSON")
+    p.add_argument(
+        "--gpus", type=int, default=None, help="with --dry-run: GPUs of the target machine (default: this one's)"
+    )
+    p.add_argument(
+        "--gpu-memory-gib", type=float, default=None, help="with --dry-run: memory of each GPU (e.g. 80 for an H100)"
+    )
+    p.add_argument(
+        "--host-memory-gib", type=float, default=None, help="with --dry-run: host memory (default: this machine's)"
+    )
     add_import_option(p)
     p.add_argument(
         "--ray",
