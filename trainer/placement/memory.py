@@ -8,6 +8,7 @@ and token, the backward pass keeps (bytes, c = compute dtype size, H hidden, Q =
     c (H + 4 Q)     attention: the projections' input, rotated q, k and v repeated to every head (GQA), output
     c (H + 4 I)     gated MLP: its input, gate, up, act(gate) and the product fed to down_proj
 
+Under bf16 autocast each weight's bf16 cast is also kept from its forward to its backward (2 bytes a weight).
 With gradient checkpointing a layer keeps only its fp32 input (4 H) and one layer is recomputed at a time, after the
 logits are freed. The vocabulary projection runs `logprob_chunk_tokens` rows at a time: a chunk's logits, their fp32
 copy, the softmax temporaries and the gradient, ~16 bytes per (row, vocabulary entry). docs/gpu.md compares this with
@@ -132,6 +133,9 @@ def learner_memory(shape: ModelShape, s: LearnerSettings) -> LearnerMemory:
         parts["recomputed layer"] = recompute_bytes(shape, s)
     transient = max(parts["logits chunk"], parts.get("recomputed layer", 0))  # one after the other in backward
     step = parts["activations"] + transient
+    if s.compute_bytes == 2:  # autocast keeps a bf16 cast of every weight from forward until its backward
+        parts["bf16 weight casts (autocast)"] = 2 * base // share
+        step += parts["bf16 weight casts (autocast)"]
     if s.fsdp and s.devices > 1:  # the root's embedding / head and two layers unsharded at a time
         parts["FSDP gathered weights"] = 4 * (shape.embedding_params() + 2 * shape.layer_params())
         step += parts["FSDP gathered weights"]
