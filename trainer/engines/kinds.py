@@ -113,6 +113,10 @@ class EngineKind:
             return attached(config.engine.url, self.name, "/health")
         return [EngineProcess(f"{self.name} server", "local")]
 
+    def serves_workers(self) -> bool:
+        """Whether Ray rollout workers in other processes can generate through this kind (`worker_endpoint`)."""
+        return type(self).worker_endpoint is not EngineKind.worker_endpoint
+
     def check_launch(self, config: Any) -> None:
         """EngineError naming the fix when this machine cannot start what the config asks of this kind (a missing
         install, no CUDA); starts nothing. By default there is nothing to check."""

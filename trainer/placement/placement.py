@@ -132,6 +132,11 @@ def plan_placement(
     engines = kind.processes(config, cuda)
     _place_engines(placement, config, engines, cuda)
     _place_env_workers(placement, ray, ray_workers)
+    if ray and not kind.serves_workers():
+        placement.refusals.append(
+            f"Ray rollout workers cannot reach engine.kind {kind.name}: it has no endpoint for workers in other "
+            "processes (fix: drop --ray, or use engine.kind embedded or sglang)"
+        )
     _check_launch(placement, kind, config)
     _probe_attached(placement, engines, config.engine.api_key, probe_timeout_s)
     _check_memory(placement, config)
@@ -214,6 +219,9 @@ def _place_engines(placement: Placement, config: Any, engines: list[Any], cuda: 
             if cuda and engine.note:
                 placement.notes.append(f"{engine.name}: {engine.note}")
         placement.stages.append(stage)
+        if kv_bytes == 0 and not engine.gpus:  # a kind that states no KV budget: nothing to check it against
+            placement.notes.append(f"{engine.name}: its kind states no KV cache budget; not checked")
+            continue
         placement.kv.append(
             {"engine": engine.name, "bytes_per_token": per_token, "budget_bytes": max(kv_bytes, 0),
              "tokens": max(kv_bytes, 0) // per_token, "dtype_bytes": engine.dtype_bytes, "tp": engine.tp}

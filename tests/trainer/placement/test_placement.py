@@ -101,6 +101,26 @@ def test_vllm_launch_without_its_venv_is_refused(capsys, monkeypatch):
     assert code == 1 and "engine.kind vllm cannot start here" in out and "ENVHUB_VLLM_PYTHON" in out
 
 
+def test_ray_workers_with_an_engine_they_cannot_reach_are_refused(capsys):
+    from envhub.trainer.engines.kinds import EngineKind, register_engine_kind
+
+    class NoWorkers(EngineKind):  # serves in-process, but has no endpoint for workers in other processes
+        name = "no-workers-for-dry-run"
+        in_process = True
+
+    register_engine_kind(NoWorkers)
+    config = config_from_dict({**yaml.safe_load((CONFIGS / "ci-tiny.yaml").read_text()),
+                               "engine": {"kind": NoWorkers.name}})  # fmt: skip
+    machine = Machine(gpus=0, gpu_memory=0, host_memory=64 * GIB)
+    refusals = plan_placement(config, machine, ray="local").refusals
+    (refusal,) = refusals
+    assert refusal.startswith(f"Ray rollout workers cannot reach engine.kind {NoWorkers.name}")
+    assert "drop --ray" in refusal
+    assert plan_placement(config, machine).refusals == []
+    code, out = dry_run(capsys, CONFIGS / "ci-tiny.yaml", "--ray", "local", "--ray-workers", 3)
+    assert code == 0 and "3 EnvWorker actors on a local Ray cluster" in out
+
+
 class _Healthy(BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path in ("/model_info", "/health") else 404)
