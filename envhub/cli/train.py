@@ -29,6 +29,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         config.budget.steps = args.steps
     if args.dry_run:
         return _dry_run(config, args)
+    _refuse_dry_run_flags(args)
     ray = None
     if args.ray:
         from envhub.errors import ConfigError
@@ -85,6 +86,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+def _refuse_dry_run_flags(args: argparse.Namespace) -> None:
+    """ConfigError for --json / --gpus / --gpu-memory-gib / --host-memory-gib given to a real run."""
+    from envhub.errors import ConfigError
+
+    for name in ("json", "gpus", "gpu_memory_gib", "host_memory_gib"):
+        if getattr(args, name) not in (None, False):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} describes a dry run", hint=f"envhub train --dry-run CONFIG {flag} ...")
 
 
 def _dry_run(config: Any, args: argparse.Namespace) -> int:

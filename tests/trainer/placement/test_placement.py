@@ -177,3 +177,5 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys):
     path = recipe("ci-tiny.yaml", tmp_path, machine={"gpus": 2})
     assert main(["train", "--dry-run", str(path)]) == 2
     assert "--gpu-memory-gib 80" in capsys.readouterr().err
+    assert main(["train", str(CONFIGS / "ci-tiny.yaml"), "--gpus", "8"]) == 2  # not a dry run: nothing to plan
+    assert "--gpus describes a dry run" in capsys.readouterr().err
