@@ -165,7 +165,8 @@ def _place_learner(placement: Placement, memory: Any, devices: int, cuda: bool) 
                 gpu_bytes=memory.peak + GPU_CONTEXT if cuda else 0,
                 host_bytes=host,
                 parts=dict(memory.parts),
-                detail=f"peak = weights, grads, Adam + max(activations + logits or recomputed layer, push copy); "
+                detail="peak = weights + gradients + Adam + the larger of the step (activations + the larger of "
+                "logits and recomputed layer + casts + FSDP gather) and the push copy; "
                 f"loading holds {gib(memory.load)} GiB",
             )
         )

@@ -26,14 +26,16 @@ def placement_text(placement: Placement) -> str:
         "",
         "process / stage                               where                          GPU GiB (each)   host GiB",
     ]
+    previous = None
     for stage in placement.stages:
         gpu = f"{gib(stage.gpu_bytes):>8}" if stage.gpus else "       -"
         host = f"{gib(stage.host_bytes):>8}" if stage.host_bytes else "       -"
         lines.append(f"{stage.name[:44]:<45} {stage.where[:30]:<30} {gpu}         {host}")
-        if stage.parts:
-            lines.append(f"    {_parts(stage.parts)}")
-        if stage.detail:
-            lines.append(f"    {stage.detail}")
+        if previous is not None and (stage.parts, stage.detail) == (previous.parts, previous.detail):
+            lines.append("    the same as above")
+        else:
+            lines += [f"    {text}" for text in (_parts(stage.parts), stage.detail) if text]
+        previous = stage
     lines.append("")
     machine = placement.machine
     for gpu, users in placement.gpu_use().items():
