@@ -94,3 +94,11 @@ def test_checkpointing_lora_and_top_layers_each_shrink_what_they_should():
     assert trainable_params(shape, top) == 4 * shape.layer_params() + shape.hidden
     kl = learner_memory(shape, LearnerSettings(reference=True))
     assert kl.parts["KL reference (fp32 copy)"] == 4 * shape.params()
+
+
+def test_the_docs_table_is_what_the_code_computes():
+    from envhub.trainer.placement.report import memory_table_markdown
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "gpu.md").read_text()
+    table = text.split("<!-- memory-table -->\n", 1)[1].split("\n<!-- /memory-table -->", 1)[0]
+    assert table == memory_table_markdown(), "regenerate docs/gpu.md's table with report.memory_table_markdown()"
