@@ -133,7 +133,7 @@ class _Healthy(BaseHTTPRequestHandler):
 @pytest.fixture
 def healthy_url():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
