@@ -18,10 +18,13 @@ import importlib
 import shutil
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from envhub.errors import ConfigError, EngineError
 from envhub.inference import InferenceEngine
+
+if TYPE_CHECKING:
+    from envhub.trainer.engines.placement import EngineProcess
 
 #: engine.kind names of the bundled kinds -> "module:class"
 _BUNDLED = {
@@ -102,7 +105,7 @@ class EngineKind:
             hint="play episodes in the trainer's process (no --ray), or use engine.kind embedded or sglang",
         )
 
-    def processes(self, config: Any, cuda: bool) -> list[Any]:
+    def processes(self, config: Any, cuda: bool) -> list[EngineProcess]:
         """Where this kind's processes run (`envhub train --dry-run`): `trainer.engines.placement.EngineProcess`es;
         by default the servers named in engine.url, or one server the run starts on this machine."""
         from envhub.trainer.engines.placement import EngineProcess, attached

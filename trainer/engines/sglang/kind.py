@@ -52,15 +52,12 @@ class SGLangKind(EngineKind):
         import torch
 
         from envhub.errors import EngineError
-        from envhub.trainer.engines.sglang.launch import INSTALL_HINT, check_installed
+        from envhub.trainer.engines.sglang.launch import INSTALL_HINT, check_gpus, check_installed, plan_launch
 
         if not torch.cuda.is_available():
-            raise EngineError("engine.launch starts SGLang, which needs CUDA GPUs; this machine has none",
-                              hint=INSTALL_HINT)  # fmt: skip
+            raise EngineError("engine.launch starts SGLang, which needs CUDA GPUs; this machine has none", INSTALL_HINT)
         launch = config.engine.launch
         check_installed(launch.python or sys.executable, router=launch.router is not None)
-        from envhub.trainer.engines.sglang.launch import check_gpus, plan_launch
-
         plan = plan_launch(launch, model_path="-", tp_size=config.engine.tp_size, dtype="bfloat16")
         check_gpus(plan, torch.cuda.device_count())
 
@@ -110,8 +107,8 @@ def _launched(config: Any) -> list[Any]:
     from envhub.trainer.engines.sglang.launch import plan_launch
 
     engine, launch = config.engine, config.engine.launch
-    plan = plan_launch(launch, model_path=launch.model_path or "RUN_DIR/weights/initial", tp_size=engine.tp_size,
-                       dtype="bfloat16")  # fmt: skip
+    model_path = launch.model_path or "RUN_DIR/weights/initial"
+    plan = plan_launch(launch, model_path=model_path, tp_size=engine.tp_size, dtype="bfloat16")
     found = [
         EngineProcess(f"sglang-{i}", "local", gpus=s.gpus, tp=s.tp_size, memory_fraction=launch.mem_fraction_static,
                       url=s.url, health_path="/ready")
