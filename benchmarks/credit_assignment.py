@@ -7,19 +7,20 @@ for the same learner steps, on multi-turn envs where credit matters, with held-o
     python benchmarks/credit_assignment.py --merge benchmarks/results/credit_runs/*.json
         [--out benchmarks/results/credit_assignment.json]
 
-The positive control (configs/corridor-tiny.yaml: no SFT stage, so each run starts from the tiny model its seed
-initialises, the same for every estimator of a seed; evaluation sampled at the config's temperature, with 4 turns
-for 4 squares):
+The positive control (configs/corridor-tiny.yaml: the tiny model fine-tuned once on a demonstrator that wastes half
+its turns, then RL from that checkpoint; evaluation sampled at the config's temperature, with 4 turns for 4 squares):
 
     python benchmarks/credit_assignment.py --config configs/corridor-tiny.yaml --seeds 20,21,22,23,24,25,26,27,28,29
-        --estimators grpo,gigpo --steps 12 --curve-every 6 --eval-episodes 256
+        --estimators grpo,gigpo --steps 8 --curve-every 4 --eval-episodes 256
         --runs-dir benchmarks/results/credit_corridor --out benchmarks/results/credit_corridor.json
 
-Its settings and power, fixed before the decisive run: pilots on seeds 1-5 (not in the set; envhub train with the
-config, 256 held-out episodes) gave gigpo - grpo of +0.68, +0.84, +0.31, +0.19, -0.24 at 8 steps (SD ~0.43; the
--0.24 a gigpo run that had not yet moved) and +0.68, +0.77 on seeds 1-2 at 12 steps, so the set runs 12 steps. At
-SD 0.4, 10 seeds give an SE near 0.13: enough to put a gain like the pilots' (+0.4 to +0.7) beyond 2 SE, not to
-resolve one near the bar. The goal is the issue's: gigpo ahead by >= 0.1 at equal steps, beyond 2 SE.
+Its settings and power, fixed before the decisive run (2026-11-28, after pilots on seeds 0-1, not in the set): from
+the SFT checkpoint (0.211 held-out), lr 2e-4, grpo reached 0.54/0.43 at step 3, 0.69/0.68 at 6, 0.82/0.87 at 12;
+gigpo 0.68/0.67, 0.91/0.90, 0.98/0.99 (gigpo - grpo +0.22 at step 6, +0.14 at 12; SD between seeds ~0.03). The set
+runs 8 steps; at an SD of even 0.1, 10 seeds give an SE near 0.03. Goal (issue 44): gigpo - grpo >= 0.1 at equal
+steps, beyond 2 SE. Earlier designs, in docs/trainer.md: without SFT the tiny model's runs were bimodal (a first
+decisive set on seeds 20-29 at lr 2e-3 was stopped after one seed, -0.75), and the corridor without spare turns
+showed no difference.
 
 Each run (config, estimator, seed) is saved to its own file in --runs-dir the moment it ends, so the decisive set is
 run over several sittings and merged. A run: the config's SFT stage runs once per config (its own seed) and is saved
