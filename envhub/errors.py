@@ -50,3 +50,7 @@ class EngineError(EnvhubError):
 class EngineUnreachable(EngineError):
     """An inference engine that did not answer at all (connection refused or dropped, a timeout): an outage,
     never the request's own fault, even when the engine answers again by the time anyone looks."""
+
+
+class HarnessError(EnvhubError):
+    """A harness episode that cannot be set up (an empty command, an env it cannot play, a bad runner)."""

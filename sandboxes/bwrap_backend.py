@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from envhub.errors import SandboxError
@@ -41,8 +42,11 @@ def check_bwrap() -> None:
 class BwrapSandbox(Sandbox):
     """A sandbox made of bubblewrap namespaces over a local rootfs (default: the base image's)."""
 
-    def __init__(self, rootfs: str | Path | None = None, *, limits: SandboxLimits | None = None) -> None:
+    def __init__(
+        self, rootfs: str | Path | None = None, *, limits: SandboxLimits | None = None, ro_binds: Sequence[str] = ()
+    ) -> None:
         self.rootfs = Path(rootfs) if rootfs else None
+        self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)  # host paths seen read-only, same place
         self.limits = limits or SandboxLimits()
         self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.root = sandboxes_dir() / self.name
@@ -95,6 +99,8 @@ class BwrapSandbox(Sandbox):
             "--chdir", cwd,
             "--clearenv",
         ]  # fmt: skip
+        for path in reversed(self.ro_binds):
+            command[4:4] = ["--ro-bind", path, path]  # after the root, before /workspace: they cannot hide it
         if self.limits.network:
             command.insert(command.index("--unshare-all") + 1, "--share-net")
         variables = {"HOME": WORKDIR, "PATH": _PATH, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **env}

@@ -15,6 +15,7 @@ Routes: /v1/models, /v1/chat/completions and /v1/completions (`chat`), /v1/respo
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,6 +81,16 @@ class Gateway:
         self._runner = runner
         self.url = f"http://{host}:{runner.addresses[0][1]}/v1"
         return self.url
+
+    async def listen_unix(self, path: str) -> web.UnixSite:
+        """Also serve on a unix socket at `path` (bind-mounted into a network-less sandbox, whose forwarder relays
+        to it); the same per-episode keys apply. Stop it with `await site.stop()`."""
+        if self._runner is None:
+            raise EngineError("the gateway is not serving", hint="await gateway.start() first")
+        site = web.UnixSite(self._runner, path)
+        await site.start()
+        os.chmod(path, 0o666)  # the sandbox user (uid 1000) connects; the socket's folder is the sandbox's alone
+        return site
 
     async def stop(self) -> None:
         """Stop listening (the engine stays the caller's)."""

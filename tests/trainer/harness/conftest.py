@@ -1,0 +1,46 @@
+"""Shared fixtures: a real gateway over the embedded engine with the tiny random Llama, and small envs."""
+
+from __future__ import annotations
+
+import pytest
+
+from envhub import AgentEnv
+
+pytest.importorskip("torch")
+
+
+class AddEnv(AgentEnv):
+    """One question (what is A + B?); the action is the answer, reward 1 when it is right."""
+
+    system_prompt = "Answer with the number alone."
+
+    def reset(self, *, seed=None, options=None):
+        _, info = super().reset(seed=seed)
+        self.a, self.b = int(self.np_random.integers(10)), int(self.np_random.integers(10))
+        return f"What is {self.a} + {self.b}?", info
+
+    def step(self, action):
+        right = action.strip() == str(self.a + self.b)
+        return "Right." if right else "Wrong.", float(right), True, False, {"answer": self.a + self.b}
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tokenizer):
+    from envhub.trainer.models import tiny_llama
+
+    return tiny_llama(tokenizer, seed=0)
+
+
+@pytest.fixture
+async def gateway(tiny_policy, tokenizer):
+    """A started gateway over the embedded engine (the untaught tiny model: harnesses here print their own
+    actions, so what it says does not matter; that it is called and recorded does)."""
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+    from envhub.trainer.gateway import Gateway, GatewayConfig
+
+    engine = EmbeddedEngine(tiny_policy, tokenizer)
+    gw = Gateway(engine, tokenizer, GatewayConfig(max_tokens_per_request=8, episode_token_budget=64))
+    await gw.start()
+    yield gw
+    await gw.stop()
+    await engine.close()

@@ -1,0 +1,75 @@
+"""Small harness programs for the contract tests, standard library only (they run on the sandbox's own python3)."""
+
+from __future__ import annotations
+
+import shlex
+
+_CALL = """
+import json, os, sys, urllib.request
+def ask(text):
+    body = {"model": os.environ["OPENAI_MODEL"], "max_tokens": 4,
+            "messages": [{"role": "user", "content": text}]}
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(request, timeout=30))["choices"][0]["message"]["content"]
+"""
+
+#: asks the model once about ENVHUB_TASK, then prints the right sum of the task's two numbers as its action
+SOLVER = (
+    _CALL
+    + """
+import re
+ask(os.environ["ENVHUB_TASK"])
+a, b = map(int, re.findall(r"(\\d+) \\+ (\\d+)", os.environ["ENVHUB_TASK"])[0])
+print("the model was asked")
+print(a + b)
+"""
+)
+
+#: calls the model, then probes the host's ports given as arguments (they must be unreachable) and prints the results
+PROBE = (
+    _CALL
+    + """
+import socket
+ask("hello")
+reached = {}
+for port in map(int, sys.argv[1:]):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        reached[port] = True
+    except OSError:
+        reached[port] = False
+print(json.dumps({"reached": reached}))
+"""
+)
+
+CRASH = (
+    _CALL
+    + """
+ask("hello")
+sys.stderr.write("Traceback: something broke in the harness\\n")
+sys.exit(3)
+"""
+)
+
+HANG = (
+    _CALL
+    + """
+import time
+ask("hello")
+sys.stderr.write("waiting forever\\n"); sys.stderr.flush()
+time.sleep(600)
+"""
+)
+
+NO_CALL = """
+import sys
+sys.stderr.write("I forgot the model\\n")
+print("42")
+"""
+
+
+def command(source: str, *args: object) -> str:
+    """A shell line running `source` with the sandbox's python3."""
+    return " ".join(["python3", "-c", shlex.quote(source), *map(str, args)])

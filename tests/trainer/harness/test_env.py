@@ -1,0 +1,64 @@
+"""HarnessEnv's contract with real programs in real bubblewrap sandboxes, through a real gateway and engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from envhub.errors import HarnessError
+from envhub.trainer.harness import HarnessEnv
+from tests.trainer.harness.conftest import AddEnv
+from tests.trainer.harness.scripts import CRASH, HANG, NO_CALL, SOLVER, command
+
+
+async def test_a_program_solves_the_task_and_its_calls_become_a_trajectory(gateway, base_rootfs):
+    harness = HarnessEnv(AddEnv, command(SOLVER), gateway, wall_clock_s=60)
+    episode = await harness.play(seed=3)
+    assert episode.error is None, episode.error
+    assert episode.reward == 1.0 and episode.action == str(episode.info["answer"])
+    assert len(episode.calls) == 1 and episode.merged
+    [trajectory] = episode.samples.trajectories
+    call = episode.calls[0]
+    assert trajectory.input_ids == call.prompt_ids + call.output_ids
+    assert trajectory.loss_mask == [0] * len(call.prompt_ids) + [1] * len(call.output_ids)
+    assert gateway.tokenizer.decode(call.prompt_ids).count("What is") == 1  # ENVHUB_TASK reached the model
+    assert episode.as_record()["calls"][0]["output_ids"] == call.output_ids
+
+
+@pytest.mark.parametrize(
+    ("source", "wall_clock_s", "expected", "stderr"),
+    [
+        (CRASH, 60, "exited with status 3", "something broke"),
+        (HANG, 2, "ran past its wall clock of 2 s", "waiting forever"),
+        (NO_CALL, 60, "never called the model", "I forgot the model"),
+    ],
+    ids=["crash", "hang", "no-model-call"],
+)
+async def test_a_failing_program_ends_the_episode_as_an_error_and_releases_everything(
+    gateway, base_rootfs, source, wall_clock_s, expected, stderr
+):
+    from envhub.sandboxes.bwrap_backend import sandboxes_dir
+
+    before = set(sandboxes_dir().glob("*")) if sandboxes_dir().exists() else set()
+    episode = await HarnessEnv(AddEnv, command(source), gateway, wall_clock_s=wall_clock_s).play(seed=0)
+    assert expected in episode.error and stderr in episode.error
+    assert episode.samples is None and episode.reward == 0.0
+    assert len(gateway.book) == 0  # the episode's key is closed
+    after = set(sandboxes_dir().glob("*")) if sandboxes_dir().exists() else set()
+    assert after <= before  # the sandbox is gone
+
+
+async def test_bad_setups_are_refused_with_the_fix(gateway):
+    with pytest.raises(HarnessError, match="empty"):
+        HarnessEnv(AddEnv, "  ", gateway)
+    with pytest.raises(HarnessError, match="allow_unsafe=True"):
+        HarnessEnv(AddEnv, "true", gateway, runner="local")
+    with pytest.raises(HarnessError, match="unknown harness runner"):
+        HarnessEnv(AddEnv, "true", gateway, runner="docker-ish")
+    with pytest.raises(HarnessError, match="wall_clock_s"):
+        HarnessEnv(AddEnv, "true", gateway, wall_clock_s=0)
+
+
+async def test_the_unsafe_local_runner_plays_when_asked_for(gateway):
+    harness = HarnessEnv(AddEnv, command(SOLVER), gateway, runner="local", allow_unsafe=True, wall_clock_s=60)
+    episode = await harness.play(seed=1)
+    assert episode.error is None and episode.reward == 1.0 and len(episode.calls) == 1
