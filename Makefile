@@ -8,6 +8,7 @@ STAMP := $(VENV)/.envhub-installed
 GUARD_STAMP := $(VENV)/.envhub-shadow-guard
 VERL_OVERLAY := $(VENV)/verl-overlay
 SKYRL_OVERLAY := $(VENV)/skyrl-overlay
+HARNESS_OVERLAY := $(VENV)/harness-overlay
 # vLLM (CPU build) lives in its own virtualenv: its pins (transformers<5.20, fastapi<0.137, numpy<2.4,
 # setuptools==78.1.1) clash with ours, and envhub only speaks to its server over HTTP (docs/engines.md).
 VLLM_VENV := .venv-vllm
@@ -66,6 +67,9 @@ $(STAMP): pyproject.toml setup.py | $(UV)
 		importlib_metadata==10.2.0 zipp==4.1.2
 	rm -rf $(VERL_OVERLAY)/tests $(VERL_OVERLAY)/scripts  # verl's wheel ships top-level packages by these names
 	$(PIP_INSTALL) $(BIN)/python --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
+	@# the built-in harnesses' packages (docs/harnesses.md), mounted read-only into harness sandboxes for their python3
+	rm -rf $(HARNESS_OVERLAY)
+	$(PIP_INSTALL) $(BIN)/python --target $(HARNESS_OVERLAY) openai-agents==0.24.0
 	@touch $(STAMP)
 
 # A clone named `envhub` would shadow the editable install for scripts run from its parent (Python imports the

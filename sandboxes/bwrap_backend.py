@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from envhub.errors import SandboxError
@@ -43,10 +43,15 @@ class BwrapSandbox(Sandbox):
     """A sandbox made of bubblewrap namespaces over a local rootfs (default: the base image's)."""
 
     def __init__(
-        self, rootfs: str | Path | None = None, *, limits: SandboxLimits | None = None, ro_binds: Sequence[str] = ()
+        self,
+        rootfs: str | Path | None = None,
+        *,
+        limits: SandboxLimits | None = None,
+        ro_binds: Mapping[str, str] | None = None,
     ) -> None:
         self.rootfs = Path(rootfs) if rootfs else None
-        self.ro_binds = tuple(str(Path(p).resolve()) for p in ro_binds)  # host paths seen read-only, same place
+        # host path -> path inside, read-only; the inside path exists in the rootfs or lies under /workspace or /tmp
+        self.ro_binds = {str(Path(host).resolve()): inside for host, inside in (ro_binds or {}).items()}
         self.limits = limits or SandboxLimits()
         self.name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.root = sandboxes_dir() / self.name
@@ -99,8 +104,9 @@ class BwrapSandbox(Sandbox):
             "--chdir", cwd,
             "--clearenv",
         ]  # fmt: skip
-        for path in reversed(self.ro_binds):
-            command[4:4] = ["--ro-bind", path, path]  # after the root, before /workspace: they cannot hide it
+        at = command.index("--proc")  # after /workspace and /tmp, so a bind may land inside them
+        for host, inside in self.ro_binds.items():
+            command[at:at] = ["--ro-bind", host, inside]
         if self.limits.network:
             command.insert(command.index("--unshare-all") + 1, "--share-net")
         variables = {"HOME": WORKDIR, "PATH": _PATH, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **env}

@@ -18,6 +18,7 @@ from envhub.core import AgentEnv
 from envhub.errors import HarnessError
 from envhub.sandboxes.base import ExecResult
 from envhub.trainer.gateway import EpisodeSamples, Gateway, RecordedCall, to_trajectories
+from envhub.trainer.harness.builtin import resolve
 from envhub.trainer.harness.runner import HarnessRunner, make_runner
 
 MAX_TASK_CHARS = 100_000  #: ENVHUB_TASK is an environment variable: Linux caps one at 128 KiB
@@ -71,12 +72,13 @@ def last_line(stdout: str) -> str:
 
 class HarnessEnv:
     """Plays episodes of a wrapped env with an external program as the agent, its model calls served (and
-    recorded) by `gateway`. `env` is an env id or a factory; each episode gets a fresh env."""
+    recorded) by `gateway`. `env` is an env id or a factory (each episode gets a fresh env); `harness` is a
+    built-in harness's name (`openai-agents`) or a shell command line."""
 
     def __init__(
         self,
         env: str | Callable[[], AgentEnv],
-        command: str,
+        harness: str,
         gateway: Gateway,
         *,
         runner: str | HarnessRunner = "bwrap",
@@ -85,14 +87,13 @@ class HarnessEnv:
         allow_unsafe: bool = False,
         extra_env: dict[str, str] | None = None,
     ) -> None:
-        if not command.strip():
-            raise HarnessError("the harness command is empty", hint="pass the program to run, e.g. 'python3 agent.py'")
         if wall_clock_s <= 0:
             raise HarnessError(f"wall_clock_s must be positive, got {wall_clock_s}", hint="give the program some time")
         self.env_id = env if isinstance(env, str) else getattr(env, "__name__", "env")
         self._make = (lambda: _make(env)) if isinstance(env, str) else env
-        self.command, self.gateway = command, gateway
+        self.gateway = gateway
         self.runner = make_runner(runner, allow_unsafe=allow_unsafe)
+        self.launch = resolve(harness, self.runner.sandboxed)
         self.wall_clock_s, self.token_budget = wall_clock_s, token_budget
         self.extra_env = dict(extra_env or {})
 
@@ -121,7 +122,7 @@ class HarnessEnv:
         started = time.monotonic()
         try:
             result = await self.runner.run(
-                self.gateway, handle, self.command, {**self.extra_env, "ENVHUB_TASK": task}, self.wall_clock_s
+                self.gateway, handle, self.launch, {**self.extra_env, "ENVHUB_TASK": task}, self.wall_clock_s
             )
         finally:
             calls = self.gateway.close_episode(handle)

@@ -11,7 +11,7 @@ included, is unreachable because the namespace holds nothing but its own loopbac
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 
 from envhub.errors import HarnessError
@@ -22,46 +22,56 @@ FORWARD_PORT = 8085  #: the forwarder's port inside the sandbox (its own network
 _SOCKET, _FORWARDER = "/tmp/.envhub-gateway.sock", "/tmp/.envhub-forward.py"
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How one harness starts: a shell command line, its extra environment, files copied in before it starts
+    (path inside -> bytes) and host folders mounted read-only (host path -> path inside; sandboxed runners only)."""
+
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)
+
+
 class HarnessRunner(abc.ABC):
     """Runs one harness command for one episode with the episode's environment; returns what it did."""
 
     name = ""
+    sandboxed = True
 
     @abc.abstractmethod
     async def run(
-        self, gateway: Gateway, handle: EpisodeHandle, command: str, env: dict[str, str], timeout: float
+        self, gateway: Gateway, handle: EpisodeHandle, launch: Launch, env: dict[str, str], timeout: float
     ) -> ExecResult:
-        """Run `command` (a shell line) until it exits or `timeout` seconds pass; every resource is released."""
+        """Run the launch's command until it exits or `timeout` seconds pass; every resource is released."""
 
 
 class SandboxedRunner(HarnessRunner):
     """A fresh bubblewrap sandbox per episode, network only to the gateway (through the in-sandbox forwarder).
 
-    `ro_binds` are host paths seen read-only at the same place inside, e.g. a virtualenv holding the harness's
-    packages and the Python it was made from."""
+    A launch's mounts are host folders seen read-only inside (e.g. a harness's packages)."""
 
     name = "bwrap"
 
-    def __init__(
-        self, *, rootfs: str | None = None, limits: SandboxLimits | None = None, ro_binds: Sequence[str] = ()
-    ) -> None:
-        self.rootfs, self.limits, self.ro_binds = rootfs, limits or SandboxLimits(), tuple(ro_binds)
+    def __init__(self, *, rootfs: str | None = None, limits: SandboxLimits | None = None) -> None:
+        self.rootfs, self.limits = rootfs, limits or SandboxLimits()
 
     async def run(
-        self, gateway: Gateway, handle: EpisodeHandle, command: str, env: dict[str, str], timeout: float
+        self, gateway: Gateway, handle: EpisodeHandle, launch: Launch, env: dict[str, str], timeout: float
     ) -> ExecResult:
-        """Run `command` in a new sandbox through the forwarder; the sandbox and the socket go when it ends."""
+        """Run the command in a new sandbox through the forwarder; the sandbox and the socket go when it ends."""
         from envhub.sandboxes.bwrap_backend import BwrapSandbox
 
-        sandbox = BwrapSandbox(self.rootfs, limits=self.limits, ro_binds=self.ro_binds)
+        sandbox = BwrapSandbox(self.rootfs, limits=self.limits, ro_binds=launch.mounts)
         await sandbox.start()
         try:
             forwarder = resources.files("envhub.trainer.harness").joinpath("forward.py").read_bytes()
-            await sandbox.write_file(_FORWARDER, forwarder)
+            for path, data in {_FORWARDER: forwarder, **launch.files}.items():
+                await sandbox.write_file(path, data)
             site = await gateway.listen_unix(str(sandbox.root / "tmp" / _SOCKET.rsplit("/", 1)[1]))
             try:
-                inside = {**env, **handle.env(), "OPENAI_BASE_URL": f"http://127.0.0.1:{FORWARD_PORT}/v1"}
-                argv = ["python3", _FORWARDER, _SOCKET, str(FORWARD_PORT), "--", "sh", "-c", command]
+                inside = {**env, **launch.env, **handle.env(), "OPENAI_BASE_URL": f"http://127.0.0.1:{FORWARD_PORT}/v1"}
+                argv = ["python3", _FORWARDER, _SOCKET, str(FORWARD_PORT), "--", "sh", "-c", launch.command]
                 return await sandbox.exec(argv, timeout=timeout, env=inside)
             finally:
                 await site.stop()
@@ -73,6 +83,7 @@ class UnsafeLocalRunner(HarnessRunner):
     """Runs the harness on the host, unsandboxed, with the gateway's TCP address: development only."""
 
     name = "local"
+    sandboxed = False
 
     def __init__(self, *, allow_unsafe: bool = False) -> None:
         if not allow_unsafe:
@@ -82,13 +93,14 @@ class UnsafeLocalRunner(HarnessRunner):
             )
 
     async def run(
-        self, gateway: Gateway, handle: EpisodeHandle, command: str, env: dict[str, str], timeout: float
+        self, gateway: Gateway, handle: EpisodeHandle, launch: Launch, env: dict[str, str], timeout: float
     ) -> ExecResult:
-        """Run `command` in a fresh temporary folder on the host; the folder goes when it ends."""
+        """Run the command in a fresh temporary folder on the host; the folder goes when it ends."""
         from envhub.sandboxes.local import LocalSandbox
 
         async with LocalSandbox(allow_unsafe=True) as sandbox:
-            return await sandbox.exec(["sh", "-c", command], timeout=timeout, env={**env, **handle.env()})
+            env = {**env, **launch.env, **handle.env()}
+            return await sandbox.exec(["sh", "-c", launch.command], timeout=timeout, env=env)
 
 
 def make_runner(runner: str | HarnessRunner, *, allow_unsafe: bool = False, **options) -> HarnessRunner:

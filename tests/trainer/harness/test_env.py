@@ -48,7 +48,7 @@ async def test_a_failing_program_ends_the_episode_as_an_error_and_releases_every
 
 
 async def test_bad_setups_are_refused_with_the_fix(gateway):
-    with pytest.raises(HarnessError, match="empty"):
+    with pytest.raises(HarnessError, match="harness is empty"):
         HarnessEnv(AddEnv, "  ", gateway)
     with pytest.raises(HarnessError, match="allow_unsafe=True"):
         HarnessEnv(AddEnv, "true", gateway, runner="local")
