@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from envhub.cli import harness_eval
 from envhub.cli.imports import add_import_option
 
 
@@ -42,6 +43,10 @@ class EpisodeWatch:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.harness:
+        from envhub.cli.harness_eval import cmd_harness_eval
+
+        return cmd_harness_eval(args)
     from envhub.cli.agent_spec import make_agent_factory
     from envhub.errors import ConfigError
     from envhub.eval import EvalConfig, evaluate
@@ -178,5 +183,6 @@ def add_commands(sub: Any) -> None:
         "--success-threshold", type=float, default=1.0, help="total reward that counts as a pass (default 1.0)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    harness_eval.add_options(p)
     add_import_option(p)
     p.set_defaults(handler=_cmd_eval)

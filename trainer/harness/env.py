@@ -72,7 +72,8 @@ def last_line(stdout: str) -> str:
 
 class HarnessEnv:
     """Plays episodes of a wrapped env with an external program as the agent, its model calls served (and
-    recorded) by `gateway`. `env` is an env id or a factory (each episode gets a fresh env); `harness` is a
+    recorded) by `gateway`. `env` is an env id (made with `env_kwargs`) or a factory (each episode gets a fresh
+    env); `harness` is a
     built-in harness's name (`openai-agents`) or a shell command line."""
 
     def __init__(
@@ -86,11 +87,12 @@ class HarnessEnv:
         token_budget: int | None = None,
         allow_unsafe: bool = False,
         extra_env: dict[str, str] | None = None,
+        env_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if wall_clock_s <= 0:
             raise HarnessError(f"wall_clock_s must be positive, got {wall_clock_s}", hint="give the program some time")
         self.env_id = env if isinstance(env, str) else getattr(env, "__name__", "env")
-        self._make = (lambda: _make(env)) if isinstance(env, str) else env
+        self._make = (lambda: _make(env, env_kwargs or {})) if isinstance(env, str) else env
         self.gateway = gateway
         self.runner = make_runner(runner, allow_unsafe=allow_unsafe)
         self.launch = resolve(harness, self.runner.sandboxed)
@@ -152,7 +154,7 @@ class HarnessEnv:
         return None
 
 
-def _make(env_id: str) -> AgentEnv:
+def _make(env_id: str, kwargs: dict[str, Any]) -> AgentEnv:
     import envhub
 
-    return envhub.make(env_id)
+    return envhub.make(env_id, **kwargs)
