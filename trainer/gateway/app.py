@@ -9,7 +9,8 @@ episode is closed.
 Trust: clients are hostile. Each request passes envhub's one trust layer (`envhub.server.guard.ClientGuard`: body
 size cap and deadline, JSON nesting bound, a request-rate bucket per episode), then the gateway's own limits: the
 served model name, `n` 1, `max_tokens` at most `max_tokens_per_request`, and a per-episode budget of sampled tokens.
-Routes: /v1/models, /v1/chat/completions and /v1/completions (`chat`), /v1/responses (`responses`); /health is open.
+Routes: /v1/models, /v1/chat/completions and /v1/completions (`chat`), /v1/responses (`responses`), /mcp (the
+episode's env tools, `mcp`); /health is open.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from aiohttp import web
 from envhub.errors import EngineError
 from envhub.inference import InferenceEngine
 from envhub.server.guard import ClientGuard, HTTPError, ServerLimits
-from envhub.trainer.gateway import chat, responses
+from envhub.trainer.gateway import chat, mcp, responses
 from envhub.trainer.gateway.episodes import EPISODE, Episode, EpisodeBook, EpisodeHandle, RecordedCall
 from envhub.trainer.gateway.errors import RequestError, error_response
+from envhub.trainer.gateway.mcp import EpisodeTools
 from envhub.trainer.gateway.render import ChatRenderer, Prompt
 
 
@@ -71,6 +73,7 @@ class Gateway:
         app.router.add_get("/v1/models", self._models)
         chat.add_routes(app, self)
         responses.add_routes(app, self)
+        mcp.add_routes(app, self)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -98,12 +101,13 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
 
-    def open_episode(self, token_budget: int | None = None) -> EpisodeHandle:
-        """A new episode and the handle its harness uses (base URL, fresh API key, model name)."""
+    def open_episode(self, token_budget: int | None = None, tools: EpisodeTools | None = None) -> EpisodeHandle:
+        """A new episode and the handle its harness uses (base URL, fresh API key, model name); `tools`, when
+        given, are served to it over MCP at /mcp."""
         if not self.url:
             raise EngineError("the gateway is not serving", hint="await gateway.start() first")
-        episode, key = self.book.open(token_budget or self.config.episode_token_budget)
-        return EpisodeHandle(episode.episode_id, self.url, key, self.config.model_name)
+        episode, key = self.book.open(token_budget or self.config.episode_token_budget, tools)
+        return EpisodeHandle(episode.episode_id, self.url, key, self.config.model_name, mcp=tools is not None)
 
     def close_episode(self, handle: EpisodeHandle) -> list[RecordedCall]:
         """End the episode (its key is refused from now on) and return its recorded calls in order."""

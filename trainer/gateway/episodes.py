@@ -28,10 +28,19 @@ class EpisodeHandle:
     base_url: str
     api_key: str
     model: str
+    mcp: bool = False  #: the episode's env tools are served at ENVHUB_MCP_URL
 
     def env(self) -> dict[str, str]:
-        """The environment variables every OpenAI-compatible client reads."""
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model}
+        """The environment variables every OpenAI-compatible client reads (plus ENVHUB_MCP_URL with tools)."""
+        env = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model}
+        if self.mcp:
+            env["ENVHUB_MCP_URL"] = mcp_url(self.base_url)
+        return env
+
+
+def mcp_url(base_url: str) -> str:
+    """The MCP endpoint beside an OpenAI base URL (`http://host:port/v1` -> `http://host:port/mcp`)."""
+    return base_url.removesuffix("/").removesuffix("/v1") + "/mcp"
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,7 @@ class Episode:
     reserved: int = 0  # max_new_tokens of calls in flight
     started: int = 0  # calls begun (a call's index is its order of arrival)
     closed: bool = False
+    tools: Any = None  # the episode's EpisodeTools served at /mcp (gateway.mcp), or None
     render_cache: Any = None  # written by ChatRenderer only: its prompt state after the last spliced turn
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -117,10 +127,10 @@ class EpisodeBook:
     def _digest(key: str) -> bytes:
         return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
-    def open(self, token_budget: int) -> tuple[Episode, str]:
+    def open(self, token_budget: int, tools: Any = None) -> tuple[Episode, str]:
         """A new episode with a fresh random API key (returned once, stored only as its digest)."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        episode = Episode(uuid.uuid4().hex[:16], self._digest(key), token_budget)
+        episode = Episode(uuid.uuid4().hex[:16], self._digest(key), token_budget, tools=tools)
         self._episodes[episode.digest] = episode
         return episode, key
 

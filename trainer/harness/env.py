@@ -2,8 +2,9 @@
 
 The program sees the gateway's per-episode handle (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL) and the task
 as text (ENVHUB_TASK: the wrapped env's system prompt and first observation). It runs under a wall clock and the
-gateway's per-episode token budget. The wrapped env takes the last line the program printed as its action and
-gives the reward. A program that crashes, hangs, never calls the model or prints nothing ends the episode as an
+gateway's per-episode token budget. An env without tools takes the last line the program printed as its action
+and gives the reward; an env with tools serves them at ENVHUB_MCP_URL (each call one env step, their rewards
+summed). A program that crashes, hangs, never calls the model or prints nothing ends the episode as an
 error carrying its stderr tail; its sandbox and its gateway key are released either way.
 """
 
@@ -20,6 +21,7 @@ from envhub.sandboxes.base import ExecResult
 from envhub.trainer.gateway import EpisodeSamples, Gateway, RecordedCall, to_trajectories
 from envhub.trainer.harness.builtin import resolve
 from envhub.trainer.harness.runner import HarnessRunner, make_runner
+from envhub.trainer.harness.tools import EnvTools
 
 MAX_TASK_CHARS = 100_000  #: ENVHUB_TASK is an environment variable: Linux caps one at 128 KiB
 TAIL_CHARS = 2000  #: how much of the program's stderr an error keeps
@@ -104,23 +106,21 @@ class HarnessEnv:
         env = self._make()
         try:
             obs, info = await env.areset(seed=seed)
-            if info.get("tools"):
-                raise HarnessError(
-                    f"{self.env_id} offers tools, which harness episodes do not serve yet (MCP is next)",
-                    hint="use an env without tools, whose action is the program's last line of output",
-                )
+            tools = EnvTools(env, info["tools"]) if info.get("tools") else None
             task = task_text(str(info.get("system_prompt") or ""), obs)
             if len(task) > MAX_TASK_CHARS:
                 raise HarnessError(
                     f"the task text is {len(task)} characters, over ENVHUB_TASK's {MAX_TASK_CHARS}",
                     hint="shorten the env's system prompt or first observation",
                 )
-            return await self._run(env, task, seed, group_id)
+            return await self._run(env, task, seed, group_id, tools)
         finally:
             await env.aclose()
 
-    async def _run(self, env: AgentEnv, task: str, seed: int | None, group_id: str) -> HarnessEpisode:
-        handle = self.gateway.open_episode(self.token_budget)
+    async def _run(
+        self, env: AgentEnv, task: str, seed: int | None, group_id: str, tools: EnvTools | None
+    ) -> HarnessEpisode:
+        handle = self.gateway.open_episode(self.token_budget, tools)
         started = time.monotonic()
         try:
             result = await self.runner.run(
@@ -130,12 +130,15 @@ class HarnessEnv:
             calls = self.gateway.close_episode(handle)
         duration = time.monotonic() - started
         action = last_line(result.stdout)
-        error = self._error(result, calls, action)
+        error = self._error(result, calls, action if tools is None else "(tools)")
         base = dict(calls=calls, action=action, exit_code=result.exit_code, duration_s=duration)
         tail = result.stderr[-TAIL_CHARS:]
         if error:
             return HarnessEpisode(reward=0.0, samples=None, error=error, stderr_tail=tail, **base)
-        _, reward, _, _, info = await env.astep(action)
+        if tools is not None:  # the env stepped on each tool call; the program's output is not an action
+            reward, info = tools.reward, tools.info
+        else:
+            _, reward, _, _, info = await env.astep(action)
         samples = to_trajectories(calls, float(reward), task=self.env_id, group_id=group_id, seed=seed or 0)
         return HarnessEpisode(reward=float(reward), samples=samples, stderr_tail=tail, info=info, **base)
 

@@ -17,6 +17,7 @@ from importlib import resources
 from envhub.errors import HarnessError
 from envhub.sandboxes.base import ExecResult, SandboxLimits
 from envhub.trainer.gateway import EpisodeHandle, Gateway
+from envhub.trainer.gateway.episodes import mcp_url
 
 FORWARD_PORT = 8085  #: the forwarder's port inside the sandbox (its own network namespace: no clash between episodes)
 _SOCKET, _FORWARDER = "/tmp/.envhub-gateway.sock", "/tmp/.envhub-forward.py"
@@ -71,6 +72,8 @@ class SandboxedRunner(HarnessRunner):
             site = await gateway.listen_unix(str(sandbox.root / "tmp" / _SOCKET.rsplit("/", 1)[1]))
             try:
                 inside = {**env, **launch.env, **handle.env(), "OPENAI_BASE_URL": f"http://127.0.0.1:{FORWARD_PORT}/v1"}
+                if handle.mcp:
+                    inside["ENVHUB_MCP_URL"] = mcp_url(inside["OPENAI_BASE_URL"])
                 argv = ["python3", _FORWARDER, _SOCKET, str(FORWARD_PORT), "--", "sh", "-c", launch.command]
                 return await sandbox.exec(argv, timeout=timeout, env=inside)
             finally:

@@ -24,6 +24,29 @@ class AddEnv(AgentEnv):
         return "Right." if right else "Wrong.", float(right), True, False, {"answer": self.a + self.b}
 
 
+ANSWER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "answer",
+        "description": "Give your answer.",
+        "parameters": {"type": "object", "properties": {"value": {"type": "integer"}}, "required": ["value"]},
+    },
+}
+
+
+class AddToolEnv(AddEnv):
+    """AddEnv whose answer is a call of its `answer` tool."""
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        return obs, {**info, "tools": [ANSWER_TOOL]}
+
+    def step(self, action):
+        if not isinstance(action, dict) or action.get("name") != "answer":
+            return "Call the answer tool.", 0.0, False, False, {}
+        return super().step(str(action["arguments"].get("value")))
+
+
 @pytest.fixture(scope="session")
 def tiny_policy(tokenizer):
     from envhub.trainer.models import tiny_llama

@@ -44,6 +44,28 @@ print(json.dumps({"reached": reached}))
 """
 )
 
+#: asks the model once, then answers through the env's `answer` tool over MCP (raw JSON-RPC at ENVHUB_MCP_URL),
+#: twice: the second call comes after the env ended and is refused (its isError printed last)
+TOOL_SOLVER = (
+    _CALL
+    + """
+import re
+def rpc(method, params):
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    request = urllib.request.Request(
+        os.environ["ENVHUB_MCP_URL"], data=json.dumps(message).encode(),
+        headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream"})
+    return json.load(urllib.request.urlopen(request, timeout=30))["result"]
+ask(os.environ["ENVHUB_TASK"])
+rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}})
+assert [tool["name"] for tool in rpc("tools/list", {})["tools"]] == ["answer"]
+a, b = map(int, re.findall(r"(\\d+) \\+ (\\d+)", os.environ["ENVHUB_TASK"])[0])
+print(rpc("tools/call", {"name": "answer", "arguments": {"value": a + b}})["content"][0]["text"])
+print(rpc("tools/call", {"name": "answer", "arguments": {"value": a + b}})["isError"])
+"""
+)
+
 CRASH = (
     _CALL
     + """

@@ -6,8 +6,8 @@ import pytest
 
 from envhub.errors import HarnessError
 from envhub.trainer.harness import HarnessEnv
-from tests.trainer.harness.conftest import AddEnv
-from tests.trainer.harness.scripts import CRASH, HANG, NO_CALL, SOLVER, command
+from tests.trainer.harness.conftest import AddEnv, AddToolEnv
+from tests.trainer.harness.scripts import CRASH, HANG, NO_CALL, SOLVER, TOOL_SOLVER, command
 
 
 async def test_a_program_solves_the_task_and_its_calls_become_a_trajectory(gateway, base_rootfs):
@@ -22,6 +22,13 @@ async def test_a_program_solves_the_task_and_its_calls_become_a_trajectory(gatew
     assert trajectory.loss_mask == [0] * len(call.prompt_ids) + [1] * len(call.output_ids)
     assert gateway.tokenizer.decode(call.prompt_ids).count("What is") == 1  # ENVHUB_TASK reached the model
     assert episode.as_record()["calls"][0]["output_ids"] == call.output_ids
+
+
+async def test_a_tool_env_serves_its_tools_over_mcp_inside_the_sandbox(gateway, base_rootfs):
+    episode = await HarnessEnv(AddToolEnv, command(TOOL_SOLVER), gateway, wall_clock_s=60).play(seed=3)
+    assert episode.error is None, episode.error
+    assert episode.reward == 1.0 and episode.merged and len(episode.calls) == 1
+    assert episode.action == "True"  # the second answer was refused: the env had ended
 
 
 @pytest.mark.parametrize(
