@@ -207,7 +207,6 @@ async def collect_expert_data(config: Any, path: Path) -> Path:
                 part,
                 seed=2_000_000 + 10_000 * i,
                 min_reward=1e-9,
-                max_turns=config.rollout.max_turns,  # demonstrations as long as the episodes RL will play
                 env_kwargs=task.kwargs,
             )
         except ConfigError as exc:  # e.g. an env without a solver: the others still warm-start

@@ -51,7 +51,8 @@ async def test_a_failing_program_ends_the_episode_as_an_error_and_releases_every
     assert episode.samples is None and episode.reward == 0.0
     assert len(gateway.book) == 0  # the episode's key is closed
     after = set(sandboxes_dir().glob("*")) if sandboxes_dir().exists() else set()
-    assert after <= before  # the sandbox is gone
+    # the harness's sandbox is gone (its forwarder marks it: other tests of this process may hold bwrap sandboxes)
+    assert not [d for d in after - before if (d / "tmp" / ".envhub-forward.py").exists()]
 
 
 async def test_bad_setups_are_refused_with_the_fix(gateway):

@@ -87,10 +87,10 @@ def test_without_its_step_term_gigpo_is_grpo():
     assert [train("gigpo", seed, step_weight=0.0) for seed in range(3)] == [train("grpo", seed) for seed in range(3)]
 
 
-async def held_out_success(out_dir: Path, advantage: str) -> dict[str, float]:
+async def held_out_success(out_dir: Path, advantage: str, after_sft: bool = True) -> dict[str, float]:
     data = yaml.safe_load(CONFIG.read_text())
     data["algorithm"]["advantage"] = advantage
-    data["evaluation"]["episodes"] = 128
+    data["evaluation"].update(episodes=128, after_sft=after_sft)
     data["out_dir"] = str(out_dir / advantage)
     await Trainer(config_from_dict(data)).run()
     return json.loads((out_dir / advantage / "eval.json").read_text())["Corridor-v0"]
@@ -99,9 +99,8 @@ async def held_out_success(out_dir: Path, advantage: str) -> dict[str, float]:
 @pytest.mark.slow
 async def test_the_tiny_model_learns_not_to_waste_turns_faster_with_gigpo(tmp_path):
     grpo = await held_out_success(tmp_path, "grpo")
-    gigpo = await held_out_success(tmp_path, "gigpo")
+    gigpo = await held_out_success(tmp_path, "gigpo", after_sft=False)  # the same SFT checkpoint (seed, data)
     print(f"held-out no-waste success: SFT {grpo['sft']:.3f}; after 8 RL steps grpo {grpo['after']:.3f}, "
           f"gigpo {gigpo['after']:.3f}")  # fmt: skip
-    # the same warm start (sampled held-out episodes may differ by a near-tie or two), and both learn
-    assert abs(grpo["sft"] - gigpo["sft"]) <= 0.05 and grpo["after"] > grpo["sft"]
+    assert grpo["after"] > grpo["sft"]  # both learn
     assert gigpo["after"] >= grpo["after"] + 0.1

@@ -71,52 +71,42 @@ def test_two_processes_take_the_single_process_step(strategy):
         assert torch.allclose(state["exp_avg"], reference[i]["exp_avg"], atol=1e-6)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_envhub_train_with_two_learner_devices_writes_a_loadable_checkpoint(tmp_path, strategy):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(
-        "model: {name: tiny, device: cpu}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, "
-        "max_turns: 1}\n"
-        "algorithm: {groups_per_step: 2, lr: 0.01, filter_zero_variance: false}\n"
-        f"learner: {{devices: 2, strategy: {strategy}}}\n"
-        f"budget: {{steps: 2, checkpoint_every: 1}}\nout_dir: {tmp_path / 'run'}\n"
-    )
+def train(cfg: Path, *args: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg)],
+        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_envhub_train_with_two_learner_devices_writes_checkpoints_that_either_strategy_resumes(tmp_path):
+    """FSDP from scratch, DDP resuming its checkpoint, FSDP resuming DDP's: a checkpoint does not depend on the
+    strategy that wrote it (ddp: rank 0 loads, then every process takes its weights; fsdp: rank 0's tensors are
+    spread over the shards). Each strategy's step against one process's: test_two_processes_take_the_single_process_step
+    """
+    cfg = tmp_path / "c.yaml"
+    settings = (
+        "model: {name: tiny, device: cpu}\ntasks: [{env: Letters-v0}]\nrollout: {group_size: 2, max_new_tokens: 3, "
+        "max_turns: 1}\nalgorithm: {groups_per_step: 2, lr: 0.01, filter_zero_variance: false}\n"
+        "learner: {devices: 2, strategy: STRATEGY}\n"
+        f"budget: {{steps: 2, checkpoint_every: 1}}\nout_dir: {tmp_path / 'run'}\n"
+    )
+    cfg.write_text(settings.replace("STRATEGY", "fsdp"))
+    train(cfg)
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt.step == 2
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(ckpt.path)
     assert all(torch.isfinite(p).all() for p in loaded.parameters())
-    resumed = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "3"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    # ddp: rank 0 loads, then every process takes its weights; fsdp: rank 0's tensors are spread over the shards
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert latest_checkpoint(tmp_path / "run").step == 3
-    other = "ddp" if strategy == "fsdp" else "fsdp"  # checkpoints do not depend on the strategy that wrote them
-    cfg.write_text(cfg.read_text().replace(f"strategy: {strategy}", f"strategy: {other}"))
-    resumed = subprocess.run(
-        [sys.executable, "-m", "envhub.cli.main", "train", str(cfg), "--resume", "--steps", "4"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert latest_checkpoint(tmp_path / "run").step == 4
+    for step, strategy in ((3, "ddp"), (4, "fsdp")):
+        cfg.write_text(settings.replace("STRATEGY", strategy))
+        train(cfg, "--resume", "--steps", str(step))
+        assert latest_checkpoint(tmp_path / "run").step == step
 
 
 def test_gpu_count_is_checked_only_for_cuda_learners(monkeypatch):
