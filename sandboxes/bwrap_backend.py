@@ -9,10 +9,12 @@ a new session; a timeout SIGKILLs bwrap, and `--die-with-parent` takes the whole
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +23,8 @@ from envhub.errors import SandboxError
 from envhub.sandboxes import cgroups
 from envhub.sandboxes.base import SANDBOX_GID, SANDBOX_UID, WORKDIR, ExecResult, Sandbox, SandboxLimits
 from envhub.sandboxes.process import pid_alive, run_process
+
+log = logging.getLogger(__name__)
 
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -163,10 +167,18 @@ class BwrapSandbox(Sandbox):
         self._mounted = False
 
 
-def _remove_dir(path: Path, mounted: bool) -> None:
-    if mounted or os.path.ismount(path):
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
+def _remove_dir(path: Path, mounted: bool, attempts: int = 50) -> None:
+    """Unmount and delete a sandbox directory. Processes of a sandbox killed a moment ago may still be exiting and
+    writing into it (CI saw a timed-out harness's directory survive one pass), so it is tried again until gone."""
+    errors: list[str] = []
+    for _ in range(attempts):
+        if mounted or os.path.ismount(path):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        shutil.rmtree(path, onerror=lambda _f, p, info: errors.append(f"{p}: {info[1]}"))
+        if not path.exists():
+            return
+        time.sleep(0.02)
+    log.warning("could not remove sandbox directory %s (%s)", path, errors[-1] if errors else "still there")
 
 
 def remove_orphan_dirs() -> list[str]:
