@@ -1,16 +1,20 @@
 """configs/ci-tiny.yaml as a new user runs it: `envhub train` once per seed, what each run did, in one JSON file.
 
-    python benchmarks/ci_tiny.py [--config configs/ci-tiny.yaml] [--seeds 0,1,2] [--out benchmarks/results/ci_tiny.json]
+    python benchmarks/ci_tiny.py [--config configs/ci-tiny.yaml] [--seeds 0,1,2] [--load N]
+        [--out benchmarks/results/ci_tiny.json]
 
 Per seed (the config's `seed` replaced): learner steps run, the stop reason `envhub train` printed, the held-out
 evaluation before and after (eval.json), the mean reward of the first and last steps (metrics.jsonl), wall and CPU
 seconds (user + system of the `envhub train` process), and the load average around the run, since on a shared
-machine wall time says more about the other jobs than about the run.
+machine wall time says more about the other jobs than about the run. `--load N` runs N CPU-bound processes beside
+every run (benchmarks/engines.py's torch matmul loop, default threads, not niced): README's claim must hold on a
+loaded machine (issue 45).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -91,11 +95,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/ci-tiny.yaml")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--load", type=int, default=0, help="CPU-bound processes running beside every run")
     parser.add_argument("--out", default="benchmarks/results/ci_tiny.json")
     args = parser.parse_args()
     config = yaml.safe_load((ROOT / args.config).read_text())
-    report: dict[str, Any] = {"config": args.config, "cpu_count": os.cpu_count(), "runs": []}
-    with tempfile.TemporaryDirectory(prefix="envhub-ci-tiny-") as work:
+    report: dict[str, Any] = {"config": args.config, "cpu_count": os.cpu_count(), "load": args.load, "runs": []}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from engines import Load
+
+    load = Load(args.load) if args.load else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="envhub-ci-tiny-") as work, load:
         for seed in (int(s) for s in args.seeds.split(",")):
             run = train(config, seed, Path(work))
             report["runs"].append(run)
