@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,18 +245,6 @@ class ChatRenderer:
         """The assistant message for the model's output: text, and tool calls when the request offered tools."""
         body = output_ids[:-1] if output_ids and output_ids[-1] in self.stop_ids else output_ids
         text = self.tokenizer.decode(body, skip_special_tokens=True)
-        if tools_offered:
-            from envhub.toolcalls import parse_tool_calls
+        from envhub.trainer.engines.server.openai_api import chat_message
 
-            parsed = parse_tool_calls(text)
-            if parsed.calls:
-                calls = [
-                    {
-                        "id": f"call_{uuid.uuid4().hex[:24]}",
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-                    }
-                    for c in parsed.calls
-                ]
-                return {"role": "assistant", "content": parsed.text or None, "tool_calls": calls}
-        return {"role": "assistant", "content": text}
+        return chat_message(text, tools_offered)[0]  # the engine server's own parsing: one tool-call format

@@ -85,7 +85,7 @@ def _usage(prompt: int, results: list[GenerateResult]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _chat_message(text: str, tools: Any) -> tuple[dict[str, Any], bool]:
+def chat_message(text: str, tools: Any) -> tuple[dict[str, Any], bool]:
     """The assistant message for `text`; tool calls parsed out when the request offered tools."""
     if tools:
         from envhub.toolcalls import parse_tool_calls
@@ -194,7 +194,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     created, rid = int(time.time()), f"chatcmpl-{uuid.uuid4().hex}"
     choices = []
     for index, result in enumerate(results):
-        message, called = _chat_message(state.text(result.output_ids), tools)
+        message, called = chat_message(state.text(result.output_ids), tools)
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": _finish(result, called)}
         if body.get("logprobs"):
             choice["logprobs"] = {
