@@ -38,14 +38,18 @@ from typing import Any
 import torch
 
 
-def matmul_tflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Achieved TFLOP/s of a size^3 matmul in `dtype` on this thread's cores (best of `repeats`)."""
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+def matmul_tflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5, device: str = "cpu") -> float:
+    """Achieved TFLOP/s of a size^3 matmul in `dtype` on `device` (this thread's cores on the CPU), best of
+    `repeats`."""
+    a, b = torch.randn(size, size, device=device).to(dtype), torch.randn(size, size, device=device).to(dtype)
+    wait = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     a @ b
+    wait()
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
         a @ b
+        wait()
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best / 1e12
 
