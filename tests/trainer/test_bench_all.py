@@ -39,10 +39,10 @@ def test_bench_all_quick_writes_every_section_with_same_run_ratios(tmp_path):
     speed = report["async_vs_sync"]
     assert speed["sync"]["steps"] == speed["async"]["steps"] and speed["speedup"] > 0
     workers = report["worker_scaling"]["workers"]
-    assert list(workers) == ["1", "2", "4"] and all(w["episodes"] == 16 for w in workers.values())
+    assert list(workers) == ["1", "2"] and all(w["episodes"] == 8 for w in workers.values())
     # scaling out runs more episodes at once: every worker's slots fill (2 each). Its speedup is a benchmark figure
     # (benchmarks/results/report), not asserted here: beside the rest of the suite on 2 cores one run measured 1.36x
-    assert [w["peak_in_flight"] for w in workers.values()] == [2, 4, 8]
+    assert [w["peak_in_flight"] for w in workers.values()] == [2, 4]
     assert workers["1"]["speedup_vs_1"] == 1.0 and all(w["speedup_vs_1"] > 0 for w in workers.values())
     markdown = (tmp_path / "report.md").read_text()
     for heading in (

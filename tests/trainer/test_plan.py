@@ -24,6 +24,10 @@ from envhub.trainer.plan.record import read_run
 from envhub.trainer.plan.report import bounds, measured, plan_report, predict, record_config
 from envhub.trainer.plan.simulate import simulate
 
+# one xdist unit: the module's tests run in one go on one worker, so its module-scoped tiny run is made once
+# (handed out one by one, they interleave with other modules' tests and pytest tears it down between them)
+pytestmark = pytest.mark.xdist_group("plan")
+
 
 def pipeline(gen_steps=10, step_s=0.1, per_row=0.0, env_s=1.0, learn_s=3.0, groups=None, per_call=0.0, pool=None):
     """A hand-made model: every episode one turn of `gen_steps` engine steps and one env call of `env_s`."""

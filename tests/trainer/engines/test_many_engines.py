@@ -16,6 +16,9 @@ from tests.trainer.test_train_http_engine import free_port
 
 pytest.importorskip("envhub.trainer.engines.sglang.client")
 REPO = Path(__file__).resolve().parents[3]
+# one xdist unit: the module's tests run in one go on one worker, so its module-scoped pair of servers is made once
+# (handed out one by one, they interleave with other modules' tests and pytest tears it down between them)
+pytestmark = pytest.mark.xdist_group("many-engines")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,9 @@ pytest.importorskip("envhub.trainer.engines.embedded.engine")
 from envhub.trainer.bench import BENCH_ENV, SlowLettersEnv  # noqa: E402
 from envhub.trainer.rollout.ray_workers import RayOptions  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# one xdist unit: the module's tests run in one go on one worker, so its module-scoped Ray cluster is made once
+# (handed out one by one, they interleave with other modules' tests and pytest tears it down between them)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")
