@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_check_run.sh
 # `.gpu/` holds:
 #   whl/      wheels of envhub's runtime dependencies that the GPU image lacks (its package list: the device notes'
-#             "Python packages already there"), at the versions this checkout's venv runs, for CPython 3.12
+#             "Python packages already there"), at the versions this checkout's venv runs, for CPython 3.12, and
+#             pytest-asyncio for the suite's CUDA-marked tests (`pytest -m gpu` there; the image has pytest)
 #   envhub/   envhub's own wheel, built from this checkout now (used there only if building the checkout fails)
 #   smollm2/  SmolLM2-135M-Instruct's config and tokenizer, no weights (the check builds random ones there)
 set -euo pipefail
@@ -23,7 +24,7 @@ mkdir -p "$G/whl" "$G/smollm2"
 # envhub imports on the check's path is there (torch, transformers, numpy, aiohttp, pyyaml, safetensors, peft,
 # accelerate, tensorboard, matplotlib, tqdm, psutil, requests, cloudpickle, typing-extensions).
 pins=$("$PYTHON" -c 'from importlib.metadata import version as v
-print(" ".join(f"{n}=={v(n)}" for n in ("gymnasium", "farama-notifications", "pettingzoo", "docker")))')
+print(" ".join(f"{n}=={v(n)}" for n in ("gymnasium", "farama-notifications", "pettingzoo", "docker", "pytest-asyncio")))')
 "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$G/whl" $pins

@@ -31,6 +31,7 @@ from envhub.trainer.learner.precision import (
     export_weights,
     resolve_precision,
 )
+from envhub.trainer.run.graph_capture import CAPTURE_LOCK
 from envhub.trainer.staleness import Staleness
 from envhub.trainer.trajectory import Trajectory
 
@@ -228,7 +229,7 @@ class Learner:
         # loss, clip fraction, kl, ratio, model tokens, then the variant's and IS correction's diagnostics
         sums = torch.zeros(5 + len(pg_stat_names(self.config)), dtype=torch.float64)
         for i, (mb, weight) in enumerate(zip(mine, weights)):
-            with self._sync(i == count - 1):
+            with self._sync(i == count - 1), CAPTURE_LOCK:  # no CUDA graph capture meanwhile: graph_capture.py
                 sums += self._micro_step(mb, weight, total_tokens, world)
         return self.dist.all_reduce(sums) if self.dist is not None else sums
 

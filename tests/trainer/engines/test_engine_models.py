@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from envhub.errors import EngineError
@@ -92,3 +94,58 @@ async def test_smollm2_on_cuda_answers_seven_plus_five():
         assert "12" in engine.tokenizer.decode(result.output_ids)
     finally:
         await engine.close()
+
+
+@pytest.mark.gpu
+@cuda
+async def test_cuda_graph_captures_survive_a_learner_working_on_another_thread(tokenizer):
+    """The trainer's process: the engine captures decode graphs while the learner's thread allocates, multiplies,
+    back-propagates and syncs on the same GPU (trainer/run/graph_capture.py). Seen on an H200: in global capture mode
+    this failed the engine; in thread-local mode without the lock, the learner's random numbers failed, and a
+    device-wide sync outside the lock failed the engine again."""
+    import threading
+
+    from envhub.trainer.models import tiny_llama
+    from envhub.trainer.run.graph_capture import CAPTURE_LOCK
+
+    model = tiny_llama(tokenizer, seed=0).to("cuda", torch.bfloat16)
+    engine = EmbeddedEngine(model, tokenizer)
+    stop, failures, learner_steps = threading.Event(), [], [0]
+
+    def learner() -> None:
+        size = 256
+        while not stop.is_set():
+            try:
+                with CAPTURE_LOCK:  # as the learner's forward/backward, which may draw random numbers
+                    weight = torch.randn(size, size, device="cuda", requires_grad=True)
+                    loss = (torch.randn(size, size, device="cuda") @ weight).square().mean()
+                    loss.backward()
+                # as its optimizer step and statistics: fresh allocations, copies and `.item()`, outside the lock
+                update = torch.empty(size, size, device="cuda").copy_(weight.grad).mul_(-0.1)
+                assert torch.isfinite(update).all().item()
+                with CAPTURE_LOCK:  # a device-wide sync invalidates a capture on any thread
+                    torch.cuda.synchronize()
+                learner_steps[0] += 1
+                size = 256 + (size * 7) % 1536
+            except BaseException as exc:  # the test reports whatever the thread met
+                failures.append(exc)
+                return
+
+    thread = threading.Thread(target=learner, daemon=True)
+    thread.start()
+    try:
+        prompts = [tokenizer.encode("word " * (1 + 37 * i % 300)) for i in range(24)]  # many batch and width buckets
+        for start in range(0, len(prompts), 6):
+            results = await asyncio.gather(
+                *(
+                    engine.generate(p, SamplingParams(max_new_tokens=8 + 9 * j, temperature=0.0))
+                    for j, p in enumerate(prompts[start : start + 6])
+                )
+            )
+            assert all(r.output_ids and all(lp <= 0 for lp in r.logprobs) for r in results)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        await engine.close()
+    assert not failures, failures
+    assert engine.decode_step.captures >= 4 and learner_steps[0] > 0, (engine.decode_step.captures, learner_steps)

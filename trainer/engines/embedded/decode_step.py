@@ -5,7 +5,9 @@ them on a GPU. With graphs, the step is captured once per (batch bucket, key-wid
 replayed: the inputs go into static buffers (tokens, positions, the slots rows write to), the batch is padded up
 to its bucket (padded rows write into the cache's scratch slot and their logits are dropped) and attention reads
 a fixed width of keys (a multiple of `width_step`, masked per row). The KV cache must not move while graphs
-exist (`KVCache(static=True)`); if it does, the graphs are dropped and captured again.
+exist (`KVCache(static=True)`); if it does, the graphs are dropped and captured again. A capture holds
+`CAPTURE_LOCK` and restricts only its own thread, so the learner's thread keeps working on the same GPU
+(trainer/run/graph_capture.py).
 
 Without graphs (CPU, or `graphs=False`) the same `ModelRunner.decode` runs eagerly on the exact batch and width.
 Bucket choice and the padded static-buffer path run on CPU too (`graphs=False, pad_to_buckets=True`), which is
@@ -21,6 +23,7 @@ import torch
 
 from envhub.trainer.engines.embedded.model_runner import ModelRunner
 from envhub.trainer.engines.embedded.shapes import batch_bucket, width_bucket
+from envhub.trainer.run.graph_capture import CAPTURE_LOCK
 
 
 @dataclass
@@ -123,7 +126,8 @@ class DecodeStep:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # the learner may work on this GPU from its own thread meanwhile: trainer/run/graph_capture.py says how
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = self.runner.decode(inputs.tokens, inputs.positions, inputs.write_slots, width)
         self.captures += 1
         return graph, out
