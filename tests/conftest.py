@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,17 @@ def env_server() -> Iterator[RunningServer]:
     running, stop = start_server(idle_timeout=600, max_sessions=500)
     yield running
     stop()
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_as_it_was() -> Iterator[None]:
+    """sys.path restored after each test. A test that imports a user's module by path in-process (a config's
+    `imports`, `--import ./kind.py`) puts the module's folder first on sys.path, as envhub must for the user; left
+    there, a folder of tests/ named like a package (tests/trainer/engines/sglang, .../vllm) shadowed the installed
+    one for every later test on that worker (SGLang's own modules and TRL's vLLM probe failed to import)."""
+    saved = list(sys.path)
+    yield
+    sys.path[:] = saved
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import sys
 import types
@@ -26,10 +27,10 @@ _MOUNTED = ("sglang", "sglang.srt", "sglang.srt.utils")
 def sglang_module(name: str) -> types.ModuleType:
     """Import one of SGLang's pure-Python modules without running the package `__init__`s that need a GPU stack."""
     if "sglang" not in sys.modules:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None:
+        try:  # the installed distribution's folder, whatever else on sys.path is named `sglang` (tests/.../sglang)
+            root = Path(importlib.metadata.distribution("sglang").locate_file("sglang"))
+        except importlib.metadata.PackageNotFoundError:
             pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23)")
-        root = Path(spec.submodule_search_locations[0])
         for package_name in _MOUNTED:
             package = types.ModuleType(package_name)
             package.__path__ = [str(root.joinpath(*package_name.split(".")[1:]))]
