@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 VOCAB = 8192  # small enough for a 2-core CPU to run every case in minutes; the logits still dominate at 1k tokens
 
@@ -36,6 +37,25 @@ def rss_mb(field: str = "VmRSS") -> float:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def measured_step(learner: Any, groups: list[list[Any]], device: Any) -> tuple[dict[str, float], float, float]:
+    """One learner step: its stats, its seconds, and the peak MiB it held over what was held before it (torch's
+    CUDA allocator on a GPU; the process's peak RSS, VmHWM, on the CPU)."""
+    import torch
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() / 2**20 if cuda else rss_mb()
+    started = time.perf_counter()
+    stats = learner.step(groups)
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else rss_mb("VmHWM")
+    return stats, elapsed, peak - base
 
 
 def run_case(
@@ -91,18 +111,7 @@ def run_case(
         0,
         learner_config=LearnerConfig(logprob_chunk_tokens=chunk, gradient_checkpointing=checkpointing),
     )
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base_gpu = torch.cuda.memory_allocated()
-    base = rss_mb()
-    started = time.perf_counter()
-    stats = learner.step(groups)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - started
-    peak_rss = rss_mb("VmHWM")
-    peak = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20 if device.type == "cuda" else peak_rss - base
+    stats, elapsed, peak = measured_step(learner, groups, device)
     return {
         "device": device.type,
         "episodes": len(lengths),

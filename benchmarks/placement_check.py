@@ -19,11 +19,10 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from learner_memory import rss_mb  # the benchmark folder is not a package
+from learner_memory import measured_step  # the benchmark folder is not a package
 
 CASES = (("bf16", True, False), ("bf16 + checkpointing", True, True), ("fp32", False, False))
 
@@ -60,17 +59,7 @@ def run_case(tokens: int, bf16: bool, checkpointing: bool) -> dict[str, float]:
     algo = AlgorithmConfig(max_tokens_per_micro_batch=tokens, micro_batch_size=0, max_initial_kl=0.0)
     learner_config = LearnerConfig(logprob_chunk_tokens=2048, gradient_checkpointing=checkpointing)
     learner = Learner(model, algo, 1.0, 0, precision=Precision(device, dtype, dtype), learner_config=learner_config)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    base, base_gpu = rss_mb(), torch.cuda.memory_allocated() if device.type == "cuda" else 0
-    started = time.perf_counter()
-    learner.step([trajs])
-    elapsed = time.perf_counter() - started
-    if device.type == "cuda":
-        peak = (torch.cuda.max_memory_allocated() - base_gpu) / 2**20
-    else:
-        peak = rss_mb("VmHWM") - base
+    _, elapsed, peak = measured_step(learner, [trajs], device)
     return {"device": device.type, "peak_mib": round(peak, 1), "step_s": round(elapsed, 1),
             "model_tokens": 2 * (half - prompt)}  # fmt: skip
 

@@ -30,7 +30,7 @@ def group_advantages(
         raise ValueError(
             f"rewards must be 1-D with a multiple of group_size={group_size} entries, got {tuple(rewards.shape)}"
         )
-    grouped = rewards.float().view(-1, group_size)
+    grouped = (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     std = grouped.std(dim=1, unbiased=False, keepdim=True)
     if scale_std:

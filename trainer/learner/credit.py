@@ -19,7 +19,6 @@ Equations, papers and defaults: docs/trainer.md, "Credit assignment".
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,15 +74,16 @@ class CreditParams:
 
 
 def normalise(values: Sequence[float], p: CreditParams) -> list[float]:
-    """(x - mean) / (std + eps) over `values` (the division when `scale_std`); all 0 when std <= tol."""
-    n = len(values)
-    if n == 0:
+    """(x - mean) / (std + eps) over `values` (the division when `scale_std`); all 0 when std <= tol: GRPO's group
+    normalisation (`group_advantages`), over a group of any size."""
+    import torch
+
+    from envhub.trainer.learner.advantages import group_advantages
+
+    if not values:
         return []
-    mean = sum(values) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in values) / n)
-    if std <= p.tol:
-        return [0.0] * n
-    return [(x - mean) / (std + p.eps) if p.scale_std else x - mean for x in values]
+    tensor = torch.tensor(list(values), dtype=torch.float64)
+    return group_advantages(tensor, len(values), scale_std=p.scale_std, eps=p.eps, tol=p.tol).tolist()
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:

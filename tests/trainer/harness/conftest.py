@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 
 from envhub import AgentEnv
@@ -54,16 +56,25 @@ def tiny_policy(tokenizer):
     return tiny_llama(tokenizer, seed=0)
 
 
+@asynccontextmanager
+async def running_gateway(model, tokenizer, **config):
+    """A started gateway over an embedded engine serving `model`, with `GatewayConfig(**config)`; both stopped after."""
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+    from envhub.trainer.gateway import Gateway, GatewayConfig
+
+    engine = EmbeddedEngine(model, tokenizer)
+    gw = Gateway(engine, tokenizer, GatewayConfig(**config))
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+        await engine.close()
+
+
 @pytest.fixture
 async def gateway(tiny_policy, tokenizer):
     """A started gateway over the embedded engine (the untaught tiny model: harnesses here print their own
     actions, so what it says does not matter; that it is called and recorded does)."""
-    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
-    from envhub.trainer.gateway import Gateway, GatewayConfig
-
-    engine = EmbeddedEngine(tiny_policy, tokenizer)
-    gw = Gateway(engine, tokenizer, GatewayConfig(max_tokens_per_request=8, episode_token_budget=64))
-    await gw.start()
-    yield gw
-    await gw.stop()
-    await engine.close()
+    async with running_gateway(tiny_policy, tokenizer, max_tokens_per_request=8, episode_token_budget=64) as gw:
+        yield gw

@@ -11,7 +11,7 @@ import pytest
 from envhub.errors import HarnessError
 from envhub.sandboxes.testing import unavailable
 from tests.trainer.gateway.conftest import teach
-from tests.trainer.harness.conftest import ANSWER_TOOL, AddToolEnv
+from tests.trainer.harness.conftest import ANSWER_TOOL, AddToolEnv, running_gateway
 
 pytest.importorskip("torch")
 
@@ -20,8 +20,6 @@ pytest.importorskip("torch")
 async def agents_gateway(tokenizer):
     """A gateway whose tiny model is taught to answer the SDK's first prompt for AddToolEnv(seed=0) with a call of
     the env's answer tool carrying the sum (the tool reaches the SDK over MCP; the gateway renders it as text)."""
-    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
-    from envhub.trainer.gateway import Gateway, GatewayConfig
     from envhub.trainer.gateway.render import ChatRenderer
     from envhub.trainer.harness.builtin import BUILTIN
     from envhub.trainer.harness.env import task_text
@@ -39,12 +37,8 @@ async def agents_gateway(tokenizer):
     call = f'<tool_call>\n{{"name": "answer", "arguments": {arguments}}}\n</tool_call>'
     answer = renderer.encode(call) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     teach(model, [renderer.prompt(messages, [ANSWER_TOOL], None).ids], answer)
-    engine = EmbeddedEngine(model, tokenizer)
-    gateway = Gateway(engine, tokenizer, GatewayConfig(temperature=0.0, max_tokens_per_request=48))
-    await gateway.start()
-    yield gateway
-    await gateway.stop()
-    await engine.close()
+    async with running_gateway(model, tokenizer, temperature=0.0, max_tokens_per_request=48) as gateway:
+        yield gateway
 
 
 async def test_the_agents_sdk_solves_a_tool_task_over_mcp_in_a_sandbox(agents_gateway, base_rootfs):
