@@ -30,6 +30,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(config, args)
     _refuse_dry_run_flags(args)
+    _refuse_an_impossible_placement(config, args)
     ray = None
     if args.ray:
         from envhub.errors import ConfigError
@@ -96,6 +97,27 @@ def _refuse_dry_run_flags(args: argparse.Namespace) -> None:
         if getattr(args, name) not in (None, False):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} describes a dry run", hint=f"envhub train --dry-run CONFIG {flag} ...")
+
+
+def _refuse_an_impossible_placement(config: Any, args: argparse.Namespace) -> None:
+    """Before a run on GPUs, the dry run's placement on this machine (its own GPUs, not a `machine:` section that
+    describes another): a run it refuses stops here, each refusal naming its number and fix, before a model loads.
+    CPU runs are not checked (their memory is the host's, and the learner's arithmetic is for GPU allocators)."""
+    from envhub.errors import ConfigError
+    from envhub.trainer.placement.machine import machine_for
+    from envhub.trainer.placement.placement import plan_placement
+
+    if config.model.device == "cpu":
+        return
+    machine = machine_for()
+    if machine.gpus == 0 and config.model.device != "cuda":
+        return
+    placement = plan_placement(config, machine, ray=args.ray, ray_workers=args.ray_workers)
+    if placement.refusals:
+        raise ConfigError(
+            "this machine cannot run the config as placed: " + "; ".join(placement.refusals),
+            hint=f"envhub train --dry-run {args.config} shows where each process goes and the memory it needs",
+        )
 
 
 def _dry_run(config: Any, args: argparse.Namespace) -> int:

@@ -179,3 +179,11 @@ def test_bad_input_is_one_clear_error(tmp_path, capsys):
     assert "--gpu-memory-gib 80" in capsys.readouterr().err
     assert main(["train", str(CONFIGS / "ci-tiny.yaml"), "--gpus", "8"]) == 2  # not a dry run: nothing to plan
     assert "--gpus describes a dry run" in capsys.readouterr().err
+
+
+def test_a_real_run_on_gpus_is_refused_before_it_starts_when_its_placement_is(tmp_path, capsys):
+    """The dry run's check runs before every GPU run too: here (no GPU) the 1-GPU recipe asks for cuda."""
+    code = main(["train", str(CONFIGS / "qwen2.5-1.5b-1gpu.yaml"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "model.device is cuda but the machine has no GPU" in err and "--dry-run" in err, err
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
