@@ -26,7 +26,8 @@ SERVER_MODULE = "sglang.launch_server"
 ROUTER_MODULE = "sglang_router.launch_router"
 INSTALL_HINT = (
     "SGLang runs on CUDA GPUs only; install it in its own environment (its wheel pins torch 2.14.1): "
-    "python -m venv .venv-sglang && .venv-sglang/bin/pip install sglang==0.5.23 sglang-router==0.3.2, "
+    "`make install-gpu ENGINE=sglang` in envhub's checkout, or "
+    "python -m venv .venv-sglang && .venv-sglang/bin/pip install sglang==0.5.23 sglang-router==0.3.2; "
     "then set engine.launch.python: .venv-sglang/bin/python"
 )
 # SGLang returns pre-temperature logprobs when this is set; envhub's learner needs log_softmax(logits / T).
