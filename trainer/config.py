@@ -139,6 +139,9 @@ class RolloutConfig:
     top_p: float = 1.0  #: nucleus sampling
     concurrent_groups: int = 4  #: groups in flight at once
     max_task_errors: int = 16  #: stop the run when this many episodes of one task fail in a row (0 = never)
+    task_sampling: Literal["fixed", "signal"] = (
+        "fixed"  #: signal: a task's weight times the share of its recent groups whose rewards differed (floor 0.1)
+    )
 
 
 @dataclass
@@ -330,6 +333,12 @@ class TrainConfig:
                 raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
         if self.rollout.group_size < 2:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
+        if self.rollout.task_sampling == "signal" and not self.algorithm.filter_zero_variance:
+            raise ConfigError(
+                "rollout.task_sampling: signal weighs tasks by their share of groups the filter keeps, and "
+                "algorithm.filter_zero_variance is false, so every group is kept",
+                hint="set algorithm.filter_zero_variance: true, or rollout.task_sampling: fixed",
+            )
         if self.algorithm.mode == "async":
             Staleness(self.algorithm.max_staleness).check(self.algorithm.groups_per_step)
         self.algorithm.validate()

@@ -215,7 +215,7 @@ class Trainer:
             algo.max_reward,
             credit_signal(algo),
         )
-        sampler = TaskSampler(cfg.tasks, cfg.seed)
+        sampler = TaskSampler(cfg.tasks, cfg.seed, by_signal=cfg.rollout.task_sampling == "signal")
         step = restore_checkpoint(saved, learner, queue, sampler) if saved is not None else 0
         if step:
             await self.kind.push(self.engine, learner, queue.version, cfg, self.out_dir)

@@ -83,6 +83,8 @@ class GroupProducer:
         for trajectory in group or []:
             self.rewards.add(trajectory.task, trajectory.reward)
         outcome = await self.queue.put(group)
+        if outcome in ("accepted", "filtered"):  # filtered: every reward equal, no signal for the learner
+            self.sampler.observe(task, outcome == "accepted")
         if outcome != "accepted":
             self.recorder.group(group_id, task.env, outcome, self.queue.version)
 
