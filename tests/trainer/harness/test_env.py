@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from envhub.errors import HarnessError
@@ -45,12 +47,15 @@ async def test_a_failing_program_ends_the_episode_as_an_error_and_releases_every
 ):
     from envhub.sandboxes.bwrap_backend import sandboxes_dir
 
-    before = set(sandboxes_dir().glob("*")) if sandboxes_dir().exists() else set()
+    # this process's sandboxes only: another xdist worker's harness test may be running one in the same folder
+    # (a sandbox's folder is named after its owner's pid)
+    mine = f"{os.getpid()}-*"
+    before = set(sandboxes_dir().glob(mine)) if sandboxes_dir().exists() else set()
     episode = await HarnessEnv(AddEnv, command(source), gateway, wall_clock_s=wall_clock_s).play(seed=0)
     assert expected in episode.error and stderr in episode.error
     assert episode.samples is None and episode.reward == 0.0
     assert len(gateway.book) == 0  # the episode's key is closed
-    after = set(sandboxes_dir().glob("*")) if sandboxes_dir().exists() else set()
+    after = set(sandboxes_dir().glob(mine)) if sandboxes_dir().exists() else set()
     # the harness's sandbox is gone (its forwarder marks it: other tests of this process may hold bwrap sandboxes)
     assert not [d for d in after - before if (d / "tmp" / ".envhub-forward.py").exists()]
 
