@@ -322,8 +322,9 @@ def recipe(args: argparse.Namespace, note: Note) -> None:
     """configs/qwen2.5-1.5b-1gpu.yaml for 2 steps on a random Qwen2.5-1.5B-shaped model: peak memory vs the dry-run.
 
     The GPU's peak in use is the allocator's peak reservation plus what lies outside it (read at the end, when the
-    most kernels are loaded); nothing polls the GPU meanwhile, since a CUDA call from another thread could break
-    the engine's graph captures (global capture mode). On the CPU the figure is the process's peak RSS."""
+    most kernels are loaded); nothing polls the GPU meanwhile: a CUDA call from another thread, outside the lock the
+    learner shares with the engine's graph captures, can break a capture (trainer/run/graph_capture.py). On the CPU
+    the figure is the process's peak RSS."""
     import yaml
 
     from envhub.trainer.config import load_config
