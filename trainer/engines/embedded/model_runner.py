@@ -77,9 +77,12 @@ class ModelRunner:
         self.gqa = self.group > 1  # a plain bool (torch.compile would trace `group > 1` as a symbolic one)
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         self.device = layout.device
-        # CUDA's masked SDPA kernel (memory-efficient attention) has no GQA support: without help it falls back to
-        # the math kernel. On CPU the flash kernel's own GQA path is ~9% faster per decode step than folding.
-        # `expand_gqa` picks the CUDA path anywhere (tests run it on CPU).
+        # Decode folds each KV head's query group into the query axis on every device, so K/V are read once per
+        # KV head. CPU's flash kernel with `enable_gqa` took 16-18 ms a layer for 32 rows x 320 keys on a 2-vCPU
+        # EPYC without AMX against 3.4-4.1 ms folded, same numerics (benchmarks/engine_profile.py). For prefill,
+        # CUDA's masked SDPA kernel (memory-efficient attention) has no GQA support and would fall back to the
+        # math kernel, so heads are expanded there; CPU's flash kernel takes GQA itself. `expand_gqa` picks the
+        # CUDA prefill path anywhere (tests run it on CPU).
         self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.gqa
         self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
 
@@ -206,13 +209,13 @@ class ModelRunner:
         values.view(-1, self.head_dim).index_copy_(0, kv_rows, v.transpose(1, 2).reshape(-1, self.head_dim))
         width = mask.shape[-1]
         keys, values = keys[rows, :, :width], values[rows, :, :width]
-        if not self.expand_gqa:  # CPU: the flash kernel reads each KV head once for its query group
+        if length == 1 and self.gqa:  # decode: each KV head's query group as its query axis, K/V read once
+            q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        elif not self.expand_gqa:  # CPU prefill: the flash kernel reads each KV head once for its query group
             out = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=self.gqa
             )
-        elif length == 1:  # decode: each KV head's query group as its query axis, so K/V are read once
-            q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         else:  # prefill: heads expanded for CUDA's masked kernel
             keys, values = keys.repeat_interleave(self.group, dim=1), values.repeat_interleave(self.group, dim=1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)

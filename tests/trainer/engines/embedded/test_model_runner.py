@@ -91,15 +91,15 @@ def test_graphs_need_cuda_and_unsupported_models_are_refused(tiny_model):
     assert "SGLang or vLLM" in error.value.hint
 
 
-def test_the_cuda_attention_path_folded_decode_and_expanded_prefill_equals_the_gqa_path(tiny_model, tokenizer):
+def test_the_cuda_prefill_path_with_expanded_heads_equals_the_gqa_path(tiny_model, tokenizer):
+    # decode folds query groups on every device: the first test checks it against transformers' forward
     prompts = [tokenizer.encode(t) for t in ("Hello there", "What is 7+5?")]
     assert tiny_model.config.num_attention_heads > tiny_model.config.num_key_value_heads  # GQA is exercised
     with torch.inference_mode():
         gqa_runner, gqa_prefill = runner_with_rows(tiny_model, prompts)
         cuda_runner, cuda_prefill = runner_with_rows(tiny_model, prompts, expand_gqa=True)
         assert cuda_runner.expand_gqa and not gqa_runner.expand_gqa
-        a, b = DecodeStep(gqa_runner)([3, 4]), DecodeStep(cuda_runner)([3, 4])
-    assert torch.allclose(gqa_prefill, cuda_prefill, atol=1e-5) and torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(gqa_prefill, cuda_prefill, atol=1e-5)
 
 
 def test_cpu_prefill_projections_run_on_few_shapes_with_at_most_a_quarter_of_padding():
