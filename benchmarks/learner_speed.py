@@ -4,7 +4,8 @@ bf16 matmul peak that its step reaches.
     python benchmarks/learner_speed.py [--config configs/demo.yaml] [--steps 4] [--seed 0]
         [--splits 2:2,1:1] [--out benchmarks/results/learner_speed.json]
 
-The batch is shaped like a demo step's: `groups_per_step` groups of `group_size` episodes (8), each a prompt and
+The batch is shaped like a demo step's: `groups_per_step` groups of `group_size` episodes (8), a group's episodes
+sharing one prompt of 100-170 tokens (the demo's tasks' first prompts measure 95-170 with SmolLM2's template), then
 `max_turns` turns of up to `max_new_tokens` model tokens, lengths drawn from a fixed seed (ids random: speed does not
 depend on them). The learner is the trainer's (`Learner.from_config`: fp32 masters, bf16 autocast, the config's
 `train_layers` and micro-batches). Each figure is the median of `--steps` steps after one warm-up step.
@@ -63,8 +64,9 @@ def demo_batch(config: Any, vocab: int, seed: int) -> list[list[Any]]:
     groups = []
     for g in range(config.algorithm.groups_per_step):
         group = []
+        prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(100, 170))]  # one per group, as in the demo
         for i in range(roll.group_size):
-            ids, mask = [rng.randrange(100, vocab) for _ in range(rng.randint(150, 350))], []
+            ids = list(prompt)
             mask = [0] * len(ids)
             for _ in range(rng.randint(1, roll.max_turns)):
                 new = rng.randint(8, roll.max_new_tokens)

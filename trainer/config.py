@@ -265,6 +265,9 @@ class LearnerConfig:
     )
     train_layers: int = 0  #: RL trains only the top N decoder layers and the final norm (0 = every weight)
     threads: int = 0  #: CPU: torch threads of a learner step beside generation (0 = every core, docs/engines.md)
+    #: a micro-batch's rows that begin with the same tokens (a group's prompt) run those tokens through the model
+    #: once, their keys and values shared by every row; exact, single-process and without gradient checkpointing
+    share_prefix: bool = True
 
 
 @dataclass

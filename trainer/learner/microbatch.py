@@ -8,6 +8,8 @@ checkpointing, so at most one chunk's [chunk, vocab] logits exist at once, in fo
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,9 +17,18 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def plan_micro_batches(lengths: list[int], max_tokens: int, max_sequences: int = 0) -> list[list[int]]:
-    """Row indices grouped longest first so that rows x longest <= max_tokens (a longer row goes alone)."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+def plan_micro_batches(
+    lengths: list[int], max_tokens: int, max_sequences: int = 0, groups: list[int] | None = None
+) -> list[list[int]]:
+    """Row indices grouped longest first so that rows x longest <= max_tokens (a longer row goes alone).
+
+    With `groups` (each row's group), a group's rows stay next to each other, groups with the longest row first,
+    so that rows sharing a prompt share micro-batches (`TokenLogprobs(share_prefix=True)` runs it once)."""
+    if groups is None:
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    else:
+        longest = {g: max(n for n, h in zip(lengths, groups) if h == g) for g in set(groups)}
+        order = sorted(range(len(lengths)), key=lambda i: (-longest[groups[i]], groups[i], -lengths[i], i))
     plan: list[list[int]] = []
     current: list[int] = []
     for i in order:
@@ -95,17 +106,64 @@ class TokenLogprobs(torch.nn.Module):
     their forward hooks see one forward per micro-batch.
     """
 
-    def __init__(self, model: Any, temperature: float, chunk_tokens: int = 4096) -> None:
+    def __init__(self, model: Any, temperature: float, chunk_tokens: int = 4096, share_prefix: bool = False) -> None:
         super().__init__()
         self.model = model
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
+        self.share_prefix = share_prefix
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Logprobs [B, T] (0 where loss_mask is 0 and at t = 0)."""
         body, head = _parts(self.model)
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        hidden = self._hidden(body, input_ids, attention_mask)[:, :-1]
         where = loss_mask[:, 1:].bool()
         picked = chunked_logprobs(hidden[where], input_ids[:, 1:][where], head, self.temperature, self.chunk_tokens)
         token_lp = torch.zeros(where.shape, dtype=torch.float32, device=hidden.device).masked_scatter(where, picked)
         return torch.nn.functional.pad(token_lp, (1, 0))
+
+    def _hidden(self, body: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The decoder's last hidden states [B, T, H]; a prefix every row shares runs once, its keys and values
+        repeated for the rows' own tokens (gradients from every row meet in the one prefix computation)."""
+        rows = input_ids.shape[0]
+        shared = shared_prefix(input_ids, attention_mask) if self.share_prefix and rows > 1 else 0
+        if shared < MIN_SHARED_PREFIX or (body.training and getattr(body, "gradient_checkpointing", False)):
+            return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        prefix = body(input_ids=input_ids[:1, :shared], use_cache=True)
+        cache = getattr(prefix, "cache", None) or prefix.past_key_values
+        cache.batch_repeat_interleave(rows)
+        rest = body(input_ids=input_ids[:, shared:], attention_mask=attention_mask, **{_cache_keyword(): cache})
+        return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
+
+
+MIN_SHARED_PREFIX = 32  #: shorter shared prefixes run with the rest: a second pass through the layers costs more
+
+
+def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many leading positions every row holds the same real token at, leaving each row at least one of its own
+    positions (so the rows' pass has something to compute)."""
+    same = ((input_ids == input_ids[:1]) & attention_mask.bool()).all(dim=0)
+    differ = (~same).nonzero()
+    length = int(differ[0]) if len(differ) else input_ids.shape[1]
+    return min(length, input_ids.shape[1] - 1)
+
+
+def prompt_groups(groups: list[list[list[int]]]) -> list[int]:
+    """A key per row of the step's flat list: a group's rows share one when they begin with at least
+    `MIN_SHARED_PREFIX` common tokens (its prompt), every other row has its own (`plan_micro_batches`' groups)."""
+    keys: list[int] = []
+    for rows in groups:
+        common = len(os.path.commonprefix(rows)) if len(rows) > 1 else 0
+        first = len(keys)
+        keys += [first] * len(rows) if common >= MIN_SHARED_PREFIX else range(first, first + len(rows))
+    return keys
+
+
+@functools.cache
+def _cache_keyword() -> str:
+    """transformers 5 renamed the decoder's `past_key_values` argument `cache` (the old name still works, warning)."""
+    import inspect
+
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"

@@ -21,7 +21,13 @@ from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
 from envhub.trainer.learner.advantages import group_advantages, loss_stats, masked_mean
 from envhub.trainer.learner.credit import CreditParams, anchor_share, token_advantages, turn_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
-from envhub.trainer.learner.microbatch import MicroBatch, TokenLogprobs, pad_rows, plan_micro_batches
+from envhub.trainer.learner.microbatch import (
+    MicroBatch,
+    TokenLogprobs,
+    pad_rows,
+    plan_micro_batches,
+    prompt_groups,
+)
 from envhub.trainer.learner.optimizer import build_optimizer
 from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
 from envhub.trainer.learner.precision import (
@@ -110,7 +116,8 @@ class Learner:
         check_fp32_masters(model)
         self.reference = None
         if config.kl_coef > 0:
-            self.reference = TokenLogprobs(copy.deepcopy(model).eval().requires_grad_(False), temperature)
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+            self.reference = TokenLogprobs(reference, temperature, share_prefix=self.learner_config.share_prefix)
         if lora is not None and lora.r > 0:
             from envhub.trainer.learner.lora import apply_lora
 
@@ -120,8 +127,10 @@ class Learner:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         self.dist = dist
-        scorer = TokenLogprobs(model, temperature, self.learner_config.logprob_chunk_tokens)
+        share = self.learner_config.share_prefix and dist is None  # one process: FSDP/DDP see one plain forward
+        scorer = TokenLogprobs(model, temperature, self.learner_config.logprob_chunk_tokens, share_prefix=share)
         self.scorer = dist.wrap(scorer) if dist is not None else scorer
+        self.scorer_shares = share  #: micro-batches keep a group's rows together (they share its prompt)
         self.optimizer, self.scheduler = build_optimizer(self.scorer.parameters(), config, total_steps)
         self.steps = 0
         self.skipped_steps = 0
@@ -205,7 +214,8 @@ class Learner:
                 token_advantages(t, per) for g in groups for t, per in zip(g, turn_advantages(g, self.credit))
             ]
         lengths = [len(t.input_ids) for t in trajs]
-        plan = plan_micro_batches(lengths, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size)
+        groups_of_rows = prompt_groups([[t.input_ids for t in g] for g in groups]) if self.scorer_shares else None
+        plan = plan_micro_batches(lengths, cfg.max_tokens_per_micro_batch, cfg.micro_batch_size, groups_of_rows)
         batches = [micro_batch(trajs, advantages, rows, self.pad_id) for rows in plan]
         stale_tokens = 0
         for mb in batches:

@@ -10,7 +10,7 @@ from envhub.errors import ConfigError
 from envhub.trainer.config import LearnerConfig
 from envhub.trainer.learner.advantages import group_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
-from envhub.trainer.learner.microbatch import chunked_logprobs, plan_micro_batches
+from envhub.trainer.learner.microbatch import chunked_logprobs, plan_micro_batches, shared_prefix
 from envhub.trainer.learner.optimizer import lr_factor
 from envhub.trainer.learner.step import Learner, LogprobMismatch
 from tests.trainer.learner.conftest import algo, make_groups
@@ -106,6 +106,60 @@ def test_micro_batching_does_not_change_the_update(tiny_model):
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     for name, grad in grads[0].items():
         assert torch.allclose(grad, grads[1][name], atol=1e-7, rtol=1e-4), name
+
+
+def prompted_groups(model, prompt_tokens=48):
+    """make_groups' groups with one prompt per group before each row's tokens, and the first reply token of the
+    group's rows the same (a model token inside the shared prefix)."""
+    groups = make_groups(model, lengths=(20, 50))
+    vocab = model.config.vocab_size
+    for g, group in enumerate(groups):
+        prompt = [(7919 * (g + 1) * (i + 1)) % vocab for i in range(prompt_tokens)]
+        for t in group:
+            t.input_ids = prompt + [vocab - 1 - g] + t.input_ids
+            t.loss_mask = [0] * prompt_tokens + [1] + t.loss_mask
+            t.behavior_logprobs = [0.0] * prompt_tokens + [-3.0] + t.behavior_logprobs
+            t.versions = [-1] * prompt_tokens + [0] + t.versions
+    return groups
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+def test_a_groups_shared_prompt_runs_once_and_the_update_is_the_same(tiny_model):
+    groups = prompted_groups(tiny_model)
+    twin = copy.deepcopy(tiny_model)
+    config = algo(micro_batch_size=4, max_initial_kl=0.0)
+    plain = Learner(tiny_model, config, 1.0, 0, learner_config=LearnerConfig(share_prefix=False))
+    shared = Learner(twin, config, 1.0, 0, learner_config=LearnerConfig(share_prefix=True))
+    grads, fed = [], []
+    for learner in (plain, shared):
+        learner.optimizer.step = lambda model=learner.model: grads.append(
+            {n: p.grad.clone() for n, p in model.named_parameters()}
+        )
+        tokens = []
+        learner.model.model.embed_tokens.register_forward_hook(lambda m, args, out, t=tokens: t.append(args[0].numel()))
+        fed.append(tokens)
+    a, b = plain.step(groups), shared.step(groups)
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], atol=1e-6, rtol=1e-4), name
+    # each micro-batch is one group of 4: its 49 shared tokens (the prompt and the same first reply token) run
+    # once, then each row's own tokens beside their keys and values
+    assert len(fed[0]) == 2 and fed[1][0::2] == [49, 49] and sum(fed[1]) < sum(fed[0])
+
+
+def test_shared_prefix_stops_at_the_first_difference_or_padding_and_leaves_each_row_a_token():
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 9], [1, 2, 3, 4, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert shared_prefix(ids, attention) == 3
+    assert shared_prefix(ids[[0, 2]], attention[[0, 2]]) == 4  # row 2's padding is not shared
+    assert shared_prefix(ids[[0, 0]], attention[[0, 0]]) == 4  # equal rows keep their last token
+    assert shared_prefix(torch.tensor([[5, 1], [6, 1]]), torch.ones(2, 2)) == 0
+
+
+def test_plan_keeps_a_groups_rows_together_longest_group_first():
+    lengths, groups = [10, 50, 12, 11, 40, 9], [0, 1, 0, 0, 1, 1]
+    assert plan_micro_batches(lengths, 10_000, max_sequences=3, groups=groups) == [[1, 4, 5], [2, 3, 0]]
+    assert plan_micro_batches(lengths, 10_000, max_sequences=3) == [[1, 4, 2], [3, 0, 5]]
 
 
 def test_stale_tokens_are_masked_per_token_not_whole_episodes(tiny_model):
