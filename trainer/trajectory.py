@@ -61,6 +61,9 @@ class Trajectory:
         default_factory=list
     )  #: per turn: text, tool calls, observation, reward, timings (for the run record)
     turn_spans: list[TurnSpan] = field(default_factory=list)  #: per model turn: token span, reward, anchor
+    #: the episode this is a sample of, when one episode gives several (a harness episode whose calls did not
+    #: merge: one sample per call); "" = the trajectory is its whole episode
+    episode: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -85,5 +88,23 @@ class Trajectory:
         return min(model_versions) if model_versions else -1
 
 
-#: The episodes of one task seed that GRPO normalises together: what the rollout hands the queue and the learner.
+#: The samples of one task seed's episodes that GRPO normalises together: what the rollout hands the queue and the
+#: learner. Most episodes are one trajectory; a split harness episode is several (`Trajectory.episode`, `episodes_of`).
 Group = list[Trajectory]
+
+
+def episodes_of(group: list[Trajectory]) -> list[list[Trajectory]]:
+    """`group`'s samples by episode, in order of first appearance: samples sharing a non-empty `episode` are one
+    episode; every other trajectory is an episode of its own. Group statistics (mean reward, advantages) count
+    episodes, so an episode split into ten samples counts once."""
+    by_key: dict[str, list[Trajectory]] = {}
+    out: list[list[Trajectory]] = []
+    for trajectory in group:
+        if not trajectory.episode:
+            out.append([trajectory])
+        elif trajectory.episode in by_key:
+            by_key[trajectory.episode].append(trajectory)
+        else:
+            by_key[trajectory.episode] = [trajectory]
+            out.append(by_key[trajectory.episode])
+    return out

@@ -5,11 +5,13 @@ episode is one trajectory, the last call's prompt plus output, with loss mask 1 
 tokens (their logprobs and versions as the engine gave them) and a `TurnSpan` per call. Otherwise (a harness that
 rewrites, trims or summarises its history) each call is its own sample: its prompt (mask 0) and output (mask 1),
 carrying the episode's reward. `sample_advantages` gives every sample of an episode the episode's group advantage,
-so an episode split into many samples counts once in its group's mean and spread.
+so an episode split into many samples counts once in its group's mean and spread; the split samples share one
+`Trajectory.episode` key, from which the trainer's queue and learner do the same (`episodes_of`).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,8 +74,10 @@ def to_trajectories(
     finish_reason: FinishReason = "terminated",
     env_info: dict | None = None,
     duration_s: float = 0.0,
+    episode: str = "",
 ) -> EpisodeSamples:
-    """The episode's samples under the merge rule (calls in their recorded order); no calls, no samples."""
+    """The episode's samples under the merge rule (calls in their recorded order); no calls, no samples. Split
+    samples share the key `episode` (a fresh one when empty): `Trajectory.episode`."""
     ordered = sorted(calls, key=lambda c: c.index)
     info = dict(env_info or {})
     log = [c.as_record() for c in ordered]
@@ -94,11 +98,13 @@ def to_trajectories(
             duration_s=duration_s,
             turn_log=log if extra.get("merged", True) else [log[extra["sample"]]],
             turn_spans=spans,
+            episode=key,
         )
 
     if not ordered:
         return EpisodeSamples([], False, reward, 0)
     merged = all(extends(a, b) for a, b in zip(ordered, ordered[1:]))
+    key = episode or ("" if merged else uuid.uuid4().hex)
     if merged:
         fields = _merged(ordered, reward)
         return EpisodeSamples([make(*fields, len(ordered), {"merged": True})], True, reward, len(ordered))

@@ -13,9 +13,14 @@ means), so long answers are not down-weighted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from envhub.trainer.trajectory import Trajectory
 
 
 def group_advantages(
@@ -36,6 +41,19 @@ def group_advantages(
     if scale_std:
         centered = centered / (std + eps)
     return torch.where(std > tol, centered, torch.zeros_like(centered)).view(-1)
+
+
+def sample_advantages(group: Sequence[Trajectory], scale_std: bool = True, tol: float = 1e-6) -> torch.Tensor:
+    """One advantage per sample of `group` ([len(group)]): `group_advantages` over the group's episodes (one
+    reward each, `episodes_of`), each handed to every sample of its episode. An episode that is one trajectory is
+    one sample, so for the rollout's own groups this is `group_advantages` of their rewards."""
+    from envhub.trainer.trajectory import episodes_of
+
+    episodes = episodes_of(list(group))
+    rewards = torch.tensor([episode[0].reward for episode in episodes])
+    per_episode = group_advantages(rewards, len(episodes), scale_std=scale_std, tol=tol)
+    index = {id(t): i for i, episode in enumerate(episodes) for t in episode}
+    return per_episode[[index[id(t)] for t in group]]  # in the group's order, wherever an episode's samples sit
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import AlgorithmConfig, LearnerConfig, LoraConfig
-from envhub.trainer.learner.advantages import group_advantages, loss_stats, masked_mean
+from envhub.trainer.learner.advantages import loss_stats, masked_mean, sample_advantages
 from envhub.trainer.learner.credit import CreditParams, anchor_share, token_advantages, turn_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import (
@@ -204,10 +204,9 @@ class Learner:
         cfg = self.config
         trajs = [t for g in groups for t in g]
         advantages: torch.Tensor | list[torch.Tensor]
-        if cfg.advantage == "grpo":
-            rewards = [torch.tensor([t.reward for t in g]) for g in groups]
+        if cfg.advantage == "grpo":  # per episode, handed to each of its samples (a split harness episode's calls)
             advantages = torch.cat(
-                [group_advantages(r, len(r), scale_std=cfg.scale_std, tol=cfg.zero_variance_tol) for r in rewards]
+                [sample_advantages(g, scale_std=cfg.scale_std, tol=cfg.zero_variance_tol) for g in groups]
             )
         else:  # per-token: each turn its own advantage (trainer/learner/credit.py)
             advantages = [

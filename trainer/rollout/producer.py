@@ -19,7 +19,7 @@ from envhub.trainer.rollout.sources import RolloutSource
 from envhub.trainer.rollout.tasks import TaskSampler
 from envhub.trainer.run.errors import TaskErrors
 from envhub.trainer.run.record import EpisodeRecorder
-from envhub.trainer.trajectory import Group, Trajectory
+from envhub.trainer.trajectory import Group, Trajectory, episodes_of
 
 
 class RecentRewards:
@@ -80,8 +80,8 @@ class GroupProducer:
         except Exception:  # a crashed group must still give back its admission slot, or the loop can hang
             traceback.print_exc()
             group = None
-        for trajectory in group or []:
-            self.rewards.add(trajectory.task, trajectory.reward)
+        for episode in episodes_of(group or []):  # a split harness episode's samples count once
+            self.rewards.add(episode[0].task, episode[0].reward)
         outcome = await self.queue.put(group)
         if outcome in ("accepted", "filtered"):  # filtered: every reward equal, no signal for the learner
             self.sampler.observe(task, outcome == "accepted")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from envhub.trainer.staleness import Staleness
-from envhub.trainer.trajectory import Group
+from envhub.trainer.trajectory import Group, episodes_of
 
 
 @dataclass
@@ -121,7 +121,8 @@ class TrajectoryQueue:
         return sum(self.first_rewards) / len(self.first_rewards) if self.first_rewards else 0.0
 
     def _note_rewards(self, group: Group) -> None:
-        self.last_reward = sum(t.reward for t in group) / len(group)
+        episodes = episodes_of(group)  # a split harness episode's samples count once
+        self.last_reward = sum(e[0].reward for e in episodes) / len(episodes)
         if len(self.first_rewards) < self.groups_per_step:
             self.first_rewards.append(self.last_reward)
 
@@ -149,7 +150,7 @@ class TrajectoryQueue:
                     self.solved_in_a_row, self.stuck_in_a_row, self.collapsed_in_a_row = self.solved_in_a_row + 1, 0, 0
                 else:
                     self.solved_in_a_row, self.stuck_in_a_row = 0, self.stuck_in_a_row + 1
-                    one_reply = len({tuple(t.input_ids) for t in group}) == 1
+                    one_reply = len({tuple(tuple(t.input_ids) for t in e) for e in episodes_of(group)}) == 1
                     self.collapsed_in_a_row = self.collapsed_in_a_row + 1 if one_reply else 0
                 await self._discard()
                 return "filtered"

@@ -98,3 +98,29 @@ def test_kl_and_truncated_importance_weights_match_reference():
     assert got.item() == pytest.approx(expected, abs=1e-6)
     assert any(w == 1.1 for row in weights for w in row)  # the cap is exercised
     assert (kl_k3(lp, ref) >= 0).all() and kl_k3(lp, lp).abs().max() == 0
+
+
+def sample(reward, episode=""):
+    from envhub.trainer.trajectory import Trajectory
+
+    return Trajectory([1, 2], [0, 1], [0.0, -1.0], [-1, 0], reward, "t", "g", 0, 1, "terminated", episode=episode)
+
+
+def test_sample_advantages_count_each_episode_once_however_many_samples_it_split_into():
+    from envhub.trainer.gateway import EpisodeSamples
+    from envhub.trainer.gateway import sample_advantages as gateway_sample_advantages
+    from envhub.trainer.learner.advantages import sample_advantages
+
+    # episode a is one trajectory (reward 1); b split into three samples (reward 0); c into two (reward 0.5)
+    group = [sample(1.0), sample(0.0, "b"), sample(0.5, "c"), sample(0.0, "b"), sample(0.0, "b"), sample(0.5, "c")]
+    per_episode = group_advantages(torch.tensor([1.0, 0.0, 0.5]), 3)
+    a, b, c = per_episode.tolist()
+    assert sample_advantages(group).tolist() == pytest.approx([a, b, c, b, b, c])
+    assert b < 0 < a and c == pytest.approx(0.0, abs=1e-6)  # the mean is over episodes, not samples
+    # the gateway's form (one EpisodeSamples per episode) gives the same numbers
+    episodes = [EpisodeSamples([sample(1.0)], True, 1.0, 1), EpisodeSamples([sample(0.0)] * 3, False, 0.0, 3)]
+    episodes.append(EpisodeSamples([sample(0.5)] * 2, False, 0.5, 2))
+    assert sum(gateway_sample_advantages(episodes), []) == pytest.approx([a, b, b, b, c, c])
+    # trajectories that are whole episodes: plain GRPO
+    plain = [sample(r) for r in (1.0, 0.0, 0.0, 1.0)]
+    assert torch.equal(sample_advantages(plain), group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4))

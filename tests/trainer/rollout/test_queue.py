@@ -200,3 +200,19 @@ async def test_long_episode_with_fresh_tokens_is_kept_and_all_old_is_dropped():
     await queue.put(long)
     batch = await queue.get_batch()
     assert batch == [long] and queue.counters.dropped_stale == 1 and queue.staleness.min_version(queue.version) == 4
+
+
+async def test_a_split_episode_counts_once_in_its_group():
+    import dataclasses
+
+    queue = TrajectoryQueue(groups_per_step=1)
+    whole, split = make_group([1.0, 0.0], 0)
+    # the second episode split into three samples (a harness whose calls did not merge)
+    samples = [dataclasses.replace(split, episode="e", input_ids=[1, 2, i]) for i in range(3)]
+    assert await queue.put([whole, *samples]) == "accepted"
+    assert queue.last_reward == 0.5  # the mean of two episodes, not of four samples
+    # two episodes that played the same tokens, one of them split: one reply, whatever the samples
+    same = [dataclasses.replace(t, reward=0.0) for t in (whole, whole)]
+    assert await queue.put([same[0], *[dataclasses.replace(s, reward=0.0) for s in samples]]) == "filtered"
+    assert queue.collapsed_in_a_row == 0  # the episodes differ (one is three samples)
+    assert await queue.put(same) == "filtered" and queue.collapsed_in_a_row == 1
