@@ -123,6 +123,10 @@ class TaskConfig:
     weight: float = 1.0  #: sampling weight in the mixture
     kwargs: dict[str, Any] = field(default_factory=dict)  #: passed to envhub.make
     remote: str = ""  #: URL of an `envhub serve` host; empty for a local env
+    #: an external agent program plays this task through the gateway (docs/harnesses.md): a built-in's name
+    #: (openai-agents) or a command line; None = the trainer's own rollout loop plays it
+    harness: str | None = None
+    harness_env: dict[str, str] = field(default_factory=dict)  #: extra environment variables for the harness
 
 
 @dataclass
@@ -334,6 +338,8 @@ class TrainConfig:
                 raise ConfigError(f"tasks[{i}] has no env id", hint="set `env: Name-v0`")
             if task.weight <= 0:
                 raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
+            if task.harness is not None:
+                self._check_harness_task(i, task)
         if self.rollout.group_size < 2:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
         if self.rollout.task_sampling == "signal" and not self.algorithm.filter_zero_variance:
@@ -376,6 +382,39 @@ class TrainConfig:
             )
         self.check_engine()
         return self
+
+    def _check_harness_task(self, i: int, task: TaskConfig) -> None:
+        """A harness task's own settings, and the run's settings a harness episode cannot honour."""
+        from envhub.trainer.harness.builtin import BUILTIN
+
+        where, names = f"tasks[{i}].harness", ", ".join(BUILTIN)
+        words = task.harness.split() if task.harness else []
+        if not words:
+            raise ConfigError(
+                f"{where} is empty", hint=f"name a built-in harness ({names}) or give a command line (python3 agent.py)"
+            )
+        if len(words) == 1 and "/" not in words[0] and task.harness not in BUILTIN:
+            close = difflib.get_close_matches(task.harness, list(BUILTIN), n=1, cutoff=0.6)
+            raise ConfigError(
+                f"{where}: {task.harness!r} is not a built-in harness (built-ins: {names})",
+                hint=f"did you mean {close[0]!r}?" if close else "or give a command line with its arguments or path",
+            )
+        if self.algorithm.advantage != "grpo":
+            raise ConfigError(
+                f"{where}: algorithm.advantage {self.algorithm.advantage} needs each model turn's reward, and a "
+                "harness episode has one reward",
+                hint="use algorithm.advantage: grpo",
+            )
+        if self.sft.collect:
+            raise ConfigError(
+                f"{where}: sft.collect records the env's own expert turns, not what the harness shows the model",
+                hint="drop sft.collect, or give sft.data recorded through the harness",
+            )
+        if self.evaluation.episodes:
+            raise ConfigError(
+                f"{where}: evaluation.episodes plays each task with the trainer's own agent, not the harness",
+                hint="set evaluation.episodes: 0 and evaluate with `envhub eval ENV --agent hf:DIR --harness H`",
+            )
 
     def check_engine(self) -> None:
         """Have the engine kind check its settings. A kind that only a module in `imports:` (or `--import`)

@@ -83,3 +83,34 @@ def test_ci_tiny_trains_16_steps_with_a_decaying_lr_and_a_greedy_held_out_evalua
     assert config.budget.steps == 16 and config.algorithm.mode == "sync"
     assert config.evaluation.episodes > 0 and config.evaluation.temperature == 0.0  # eval.json, greedy
     assert config.algorithm.lr_schedule == "cosine"  # at a constant lr the policy collapses before step 16
+
+
+def harness_task(harness, **top):
+    return {"tasks": [{"env": "Letters-v0", "harness": harness}], **top}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (harness_task(""), r"tasks\[0\].harness is empty .*name a built-in harness \(openai-agents\)"),
+        (harness_task("   "), r"tasks\[0\].harness is empty"),
+        (harness_task("openai-agent"), r"'openai-agent' is not a built-in harness .*did you mean 'openai-agents'"),
+        (harness_task("mini-swe-agent"), r"not a built-in harness .*or give a command line"),
+        (harness_task("openai-agents", rollout={"group_size": 1}), "group_size must be at least 2"),
+        (harness_task("openai-agents", algorithm={"advantage": "gigpo"}), "harness episode has one reward.*grpo"),
+        (harness_task("openai-agents", sft={"collect": 4}), "sft.collect records the env's own expert turns"),
+        (harness_task("openai-agents", evaluation={"episodes": 4}), "envhub eval ENV --agent hf:DIR --harness H"),
+        (harness_task(["python3", "agent.py"]), r"tasks\[0\].harness must be a string"),
+    ],
+)
+def test_bad_harness_tasks_are_one_line_errors(data, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        config_from_dict(data)
+    assert "\n" not in str(err.value)
+
+
+def test_a_harness_is_a_built_in_name_or_any_command_line():
+    for harness in ("openai-agents", "python3 agent.py", "./agent.sh", "/opt/agent/run"):
+        config = config_from_dict(harness_task(harness))
+        assert config.tasks[0].harness == harness and config.tasks[0].harness_env == {}
+    assert config_from_dict({"tasks": [{"env": "Letters-v0"}]}).tasks[0].harness is None

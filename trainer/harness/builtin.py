@@ -2,7 +2,8 @@
 
 A harness's packages live in their own folder (`.venv/harness-overlay`, made by `make install` with
 `pip install --target`), mounted read-only into the sandbox and put on PYTHONPATH for the sandbox's own python3
-(both CPython 3.11 here, so the compiled wheels fit); its program file is copied into the sandbox.
+(both CPython 3.11 here, so the compiled wheels fit); its program file is copied into the sandbox. `Launch` says
+how any harness starts, built-in or command line; it imports nothing of the trainer, so the config can check names.
 """
 
 from __future__ import annotations
@@ -13,9 +14,19 @@ from importlib import resources
 from pathlib import Path
 
 from envhub.errors import HarnessError
-from envhub.trainer.harness.runner import Launch
 
 SITE_INSIDE = "/tmp/.envhub-site"  #: where the overlay is seen inside the sandbox
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one harness starts: a shell command line, its extra environment, files copied in before it starts
+    (path inside -> bytes) and host folders mounted read-only (host path -> path inside; sandboxed runners only)."""
+
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    mounts: dict[str, str] = field(default_factory=dict)
 
 
 def overlay_dir() -> Path:
@@ -24,14 +35,20 @@ def overlay_dir() -> Path:
 
 
 def resolve(harness: str, sandboxed: bool) -> Launch:
-    """A built-in harness by name, else `harness` as a shell command line."""
+    """A built-in harness by name, else `harness` as a shell command line. A command line sees the built-ins'
+    packages too when they are installed (the `openai` client, the Agents SDK, `mcp`), read-only on PYTHONPATH."""
     if not harness.strip():
         raise HarnessError(
             "the harness is empty", hint=f"name a built-in ({', '.join(BUILTIN)}) or give a command line"
         )
     if harness in BUILTIN:
         return BUILTIN[harness].launch(sandboxed)
-    return Launch(harness)
+    overlay = overlay_dir()
+    if not overlay.is_dir():
+        return Launch(harness)
+    if not sandboxed:
+        return Launch(harness, {"PYTHONPATH": str(overlay)})
+    return Launch(harness, {"PYTHONPATH": SITE_INSIDE}, mounts={str(overlay): SITE_INSIDE})
 
 
 @dataclass(frozen=True)

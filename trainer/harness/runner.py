@@ -11,27 +11,16 @@ included, is unreachable because the namespace holds nothing but its own loopbac
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 from importlib import resources
 
 from envhub.errors import HarnessError
 from envhub.sandboxes.base import ExecResult, SandboxLimits
 from envhub.trainer.gateway import EpisodeHandle, Gateway
 from envhub.trainer.gateway.episodes import mcp_url
+from envhub.trainer.harness.builtin import Launch
 
 FORWARD_PORT = 8085  #: the forwarder's port inside the sandbox (its own network namespace: no clash between episodes)
 _SOCKET, _FORWARDER = "/tmp/.envhub-gateway.sock", "/tmp/.envhub-forward.py"
-
-
-@dataclass(frozen=True)
-class Launch:
-    """How one harness starts: a shell command line, its extra environment, files copied in before it starts
-    (path inside -> bytes) and host folders mounted read-only (host path -> path inside; sandboxed runners only)."""
-
-    command: str
-    env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, bytes] = field(default_factory=dict)
-    mounts: dict[str, str] = field(default_factory=dict)
 
 
 class HarnessRunner(abc.ABC):

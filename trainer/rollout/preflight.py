@@ -53,9 +53,28 @@ async def check_task(task: TaskConfig, *, reset: bool = True, timeout_s: float =
             pass
 
 
+def check_harness(task: TaskConfig) -> None:
+    """A harness task can run here: a single-agent env, its built-in's packages installed, bubblewrap present."""
+    from envhub.sandboxes.bwrap_backend import check_bwrap
+    from envhub.trainer.harness.builtin import resolve
+
+    if not task.remote and "multi-agent" in envhub.spec(task.env).tags:
+        raise ConfigError(
+            f"task {task.env}: a harness plays single-agent envs, and {task.env} is multi-agent",
+            hint="use its self-play variant (e.g. TicTacToe-SelfPlay-v0), or drop the task's harness",
+        )
+    try:
+        resolve(str(task.harness), sandboxed=True)
+        check_bwrap()  # every harness runs in a bubblewrap sandbox whose only way out is the gateway
+    except EnvhubError as exc:
+        raise ConfigError(f"task {task.env}: harness {task.harness!r}: {exc.args[0]}", hint=exc.hint) from None
+
+
 async def preflight(tasks: list[TaskConfig], *, reset: bool = True) -> None:
     """Check every task before training starts; stops at the first bad one with one clear error."""
     for task in tasks:
+        if task.harness is not None:
+            check_harness(task)
         await check_task(task, reset=reset)
 
 

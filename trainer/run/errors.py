@@ -21,7 +21,8 @@ from envhub.errors import EngineError, EnvhubError
 from envhub.trainer.run.record import RecordError, write_failure
 from envhub.trainer.trajectory import Trajectory
 
-ENV_STAGES = ("build", "reset", "step")  # where an exception is the env's (at "generate" it is the engine's)
+# where an exception is the task's (at "generate" it is the engine's): its env, or its harness program
+ENV_STAGES = ("build", "reset", "step", "harness")
 
 
 class TaskFailing(EnvhubError):
@@ -34,7 +35,7 @@ class EpisodeError:
 
     task: str
     seed: int | None
-    stage: str  # "build", "reset" or "step"
+    stage: str  # "build", "reset", "step" or "harness"
     error: str
     time: float
 

@@ -183,3 +183,25 @@ def test_ctrl_c_before_the_first_step_names_no_file_that_was_never_written(tmp_p
     for named in stdout.split("; ")[1:]:
         if " /" in named:
             assert Path(named.split(" ", 1)[1].strip()).exists(), named
+
+
+def test_a_harness_task_is_checked_before_training(monkeypatch, tmp_path):
+    from envhub.trainer.harness import builtin
+    from envhub.trainer.rollout.preflight import check_harness
+
+    with pytest.raises(ConfigError, match="TicTacToe-v0 is multi-agent .*TicTacToe-SelfPlay-v0"):
+        check_harness(TaskConfig(env="TicTacToe-v0", harness="python3 agent.py"))
+    monkeypatch.setattr(builtin, "overlay_dir", lambda: tmp_path)  # the built-ins' packages are not installed
+    with pytest.raises(ConfigError, match="harness 'openai-agents': .*lacks 'agents' .*make install") as err:
+        check_harness(TaskConfig(env="Letters-v0", harness="openai-agents"))
+    assert "\n" not in str(err.value)
+
+
+def test_a_harness_that_keeps_failing_stops_the_run_as_its_task_s_error():
+    errors = TaskErrors(max_in_a_row=2)
+    info = {"error": "the harness exited with status 3; stderr tail:\nTraceback", "error_stage": "harness"}
+    for _ in range(2):
+        errors.observe(Trajectory([], [], [], [], 0.0, "Letters-v0", "g", 0, 0, "error", dict(info)))
+    with pytest.raises(TaskFailing, match="task Letters-v0: 2 episodes in a row failed \\(at harness\\)"):
+        errors.raise_if_failing()
+    assert errors.engine_errors == 0  # a program's crash is not the engine's
