@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from envhub.errors import ConfigError
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
 from envhub.trainer.engines import WatchedEngine, engine_kind
@@ -37,7 +38,7 @@ from envhub.trainer.models import build_policy, copy_as
 from envhub.trainer.rollout.preflight import preflight
 from envhub.trainer.rollout.producer import GroupProducer
 from envhub.trainer.rollout.queue import TrajectoryQueue
-from envhub.trainer.rollout.sources import LocalRollouts, RolloutSource
+from envhub.trainer.rollout.sources import LocalRollouts, MixedRollouts, RolloutSource
 from envhub.trainer.rollout.tasks import TaskSampler, env_factory
 from envhub.trainer.rollout.worker import RolloutWorker
 from envhub.trainer.run.cores import CoreShare
@@ -57,7 +58,7 @@ from envhub.trainer.run.run_dir import claim_run_dir
 from envhub.trainer.run.stages import StageClock, StepTimer
 from envhub.trainer.sft import warm_start
 from envhub.trainer.staleness import Staleness
-from envhub.trainer.trajectory import Group
+from envhub.trainer.trajectory import Group, episodes_of
 from envhub.user_modules import load_user_modules
 
 
@@ -272,12 +273,23 @@ class Trainer:
         """Episodes played on this process's event loop, or on Ray actors when the run asks for them."""
         cfg = self.config
         assert self.engine is not None
+        harness_tasks = [task for task in cfg.tasks if task.harness is not None]
         if self.ray is not None:
             from envhub.trainer.rollout.ray_workers import RayRolloutSource
 
+            if harness_tasks:
+                raise ConfigError(
+                    f"task {harness_tasks[0].env} has a harness, and harness episodes play on this process",
+                    hint="train harness tasks without --ray",
+                )
             return await RayRolloutSource.start(self.ray, cfg, self.engine)
-        factories = {task.env: env_factory(task) for task in cfg.tasks}
-        return LocalRollouts(RolloutWorker(self.engine, tokenizer, cfg.rollout), factories)
+        factories = {task.env: env_factory(task) for task in cfg.tasks if task.harness is None}
+        plain = LocalRollouts(RolloutWorker(self.engine, tokenizer, cfg.rollout), factories)
+        if not harness_tasks:
+            return plain
+        from envhub.trainer.rollout.harness_rollouts import HarnessRollouts
+
+        return MixedRollouts(plain, HarnessRollouts(self.engine, tokenizer, cfg.rollout))
 
     # -- produce: wait for a batch while rollouts run -------------------------------------------------------------
     async def _next_batch(self, run: _Run, producing: asyncio.Task[None]) -> list[Group] | None:
@@ -371,11 +383,15 @@ class Trainer:
     def _row(self, run: _Run, groups: list[Group], lags: list[int], stats: dict[str, float], step_s: float) -> dict:
         """The step's metrics row."""
         trajs = [t for g in groups for t in g]
+        episodes = [e for g in groups for e in episodes_of(g)]  # a split harness episode's samples count once
+        harness = [e for e in episodes if "merged" in e[0].env_info]
+        merged = {"merged_share": sum(e[0].env_info["merged"] for e in harness) / len(harness)} if harness else {}
         return {
             "reward": run.producer.rewards.means(),
-            "batch_reward": sum(t.reward for t in trajs) / len(trajs),
+            "batch_reward": sum(e[0].reward for e in episodes) / len(episodes),
             "model_tokens": sum(t.num_model_tokens for t in trajs),
-            "turns": sum(t.turns for t in trajs) / len(trajs),
+            "turns": sum(t.turns for t in trajs) / len(episodes),
+            **merged,  # of the batch's harness episodes: how many were one trajectory
             "staleness": sum(lags) / len(lags),
             "queue": run.queue.counters.as_dict(),
             "learner": stats,

@@ -139,7 +139,16 @@ class HarnessEnv:
             reward, info = tools.reward, tools.info
         else:
             _, reward, _, _, info = await env.astep(action)
-        samples = to_trajectories(calls, float(reward), task=self.env_id, group_id=group_id, seed=seed or 0)
+        plain = {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool)) or v is None}
+        samples = to_trajectories(
+            calls,
+            float(reward),
+            task=self.env_id,
+            group_id=group_id,
+            seed=seed or 0,
+            env_info=plain,
+            duration_s=duration,
+        )
         return HarnessEpisode(reward=float(reward), samples=samples, stderr_tail=tail, info=info, **base)
 
     def _error(self, result: ExecResult, calls: list[RecordedCall], action: str) -> str | None:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from envhub.trainer.config import TaskConfig
 from envhub.trainer.rollout.worker import EnvFactory, RolloutWorker
 from envhub.trainer.trajectory import Trajectory
 
 EpisodeCallback = Callable[[Trajectory], None]
+T = TypeVar("T")
 
 
 class RolloutSource(Protocol):
@@ -32,17 +33,23 @@ class RolloutSource(Protocol):
         """Release workers and connections."""
 
 
-async def keep_first_finished(episodes: Iterable[Awaitable[Trajectory]], want: int) -> list[Trajectory] | None:
-    """Run episodes concurrently; keep the first `want` that finish without an error, cancel the rest.
+def _ran(trajectory: Trajectory) -> bool:
+    return trajectory.finish_reason != "error"
+
+
+async def keep_first_finished(
+    episodes: Iterable[Awaitable[T]], want: int, ok: Callable[[T], bool] = _ran
+) -> list[T] | None:
+    """Run episodes concurrently; keep the first `want` that finish without an error (`ok`), cancel the rest.
 
     Returns None when fewer than `want` succeed.
     """
     pending = {asyncio.ensure_future(e) for e in episodes}
-    kept: list[Trajectory] = []
+    kept: list[T] = []
     try:
         while pending and len(kept) < want:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            kept += [t.result() for t in done if t.exception() is None and t.result().finish_reason != "error"]
+            kept += [t.result() for t in done if t.exception() is None and ok(t.result())]
     finally:
         for t in pending:
             t.cancel()
@@ -78,3 +85,36 @@ class LocalRollouts:
 
     async def close(self) -> None:
         """Nothing to release: the engine belongs to the trainer."""
+
+
+class MixedRollouts:
+    """Routes each task's groups to the source that plays it: harness tasks (`TaskConfig.harness`) to
+    `HarnessRollouts`, the others to the rollout loop's source."""
+
+    def __init__(self, plain: RolloutSource, harness: RolloutSource) -> None:
+        self.plain, self.harness = plain, harness
+
+    @property
+    def worker(self) -> Any:
+        """The rollout loop's worker (progress counts its episodes)."""
+        return getattr(self.plain, "worker", None)
+
+    @property
+    def on_episode(self) -> EpisodeCallback | None:
+        return self.plain.on_episode
+
+    @on_episode.setter
+    def on_episode(self, callback: EpisodeCallback | None) -> None:
+        self.plain.on_episode = self.harness.on_episode = callback
+
+    async def play_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
+        """The group from the task's source."""
+        source = self.harness if task.harness is not None else self.plain
+        return await source.play_group(task, seed, group_id)
+
+    async def close(self) -> None:
+        """Close both sources."""
+        try:
+            await self.harness.close()
+        finally:
+            await self.plain.close()

@@ -95,3 +95,23 @@ print("42")
 def command(source: str, *args: object) -> str:
     """A shell line running `source` with the sandbox's python3."""
     return " ".join(["python3", "-c", shlex.quote(source), *map(str, args)])
+
+
+#: a harness written with the real `openai` client (from the built-ins' packages): two chat calls on ENVHUB_TASK.
+#: With HISTORY=keep the second call echoes the first answer (the calls merge); with HISTORY=rewrite it replaces
+#: the history by a summary, as a summarising harness does (the calls split). It prints the second answer's last line.
+OPENAI_CLIENT = """
+import os
+from openai import OpenAI
+client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+model, task = os.environ["OPENAI_MODEL"], os.environ["ENVHUB_TASK"]
+messages = [{"role": "user", "content": task}]
+draft = client.chat.completions.create(model=model, messages=messages).choices[0].message.content or ""
+if os.environ["HISTORY"] == "keep":
+    messages += [{"role": "assistant", "content": draft}, {"role": "user", "content": "Again, shorter."}]
+else:
+    messages = [{"role": "user", "content": task + "\\nA draft: " + draft[:40]}]
+reply = client.chat.completions.create(model=model, messages=messages).choices[0].message.content or ""
+lines = [line.strip() for line in reply.splitlines() if line.strip()]
+print(lines[-1] if lines else "-")
+"""
