@@ -127,6 +127,9 @@ class TaskConfig:
     #: (openai-agents) or a command line; None = the trainer's own rollout loop plays it
     harness: str | None = None
     harness_env: dict[str, str] = field(default_factory=dict)  #: extra environment variables for the harness
+    #: a harness that fails after calling the model: drop (the episode leaves its group) or zero (its calls train
+    #: with reward 0, the policy's failure: e.g. the Agents SDK ends its run on a reply cut at max_tokens)
+    harness_errors: Literal["drop", "zero"] = "drop"
 
 
 @dataclass
@@ -340,6 +343,11 @@ class TrainConfig:
                 raise ConfigError(f"tasks[{i}].weight must be positive, got {task.weight}")
             if task.harness is not None:
                 self._check_harness_task(i, task)
+            elif task.harness_env or task.harness_errors != "drop":
+                raise ConfigError(
+                    f"tasks[{i}] sets harness_env or harness_errors but has no harness",
+                    hint="add `harness: NAME_OR_COMMAND`, or drop those keys",
+                )
         if self.rollout.group_size < 2:
             raise ConfigError(f"rollout.group_size must be at least 2 for GRPO, got {self.rollout.group_size}")
         if self.rollout.task_sampling == "signal" and not self.algorithm.filter_zero_variance:

@@ -101,6 +101,11 @@ def harness_task(harness, **top):
         (harness_task("openai-agents", sft={"collect": 4}), "sft.collect records the env's own expert turns"),
         (harness_task("openai-agents", evaluation={"episodes": 4}), "envhub eval ENV --agent hf:DIR --harness H"),
         (harness_task(["python3", "agent.py"]), r"tasks\[0\].harness must be a string"),
+        (
+            {"tasks": [{"env": "Letters-v0", "harness_env": {"A": "1"}}]},
+            "sets harness_env or harness_errors but has no",
+        ),
+        ({"tasks": [{"env": "Letters-v0", "harness": "openai-agents", "harness_errors": "keep"}]}, "one of drop, zero"),
     ],
 )
 def test_bad_harness_tasks_are_one_line_errors(data, message):

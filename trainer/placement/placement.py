@@ -132,6 +132,7 @@ def plan_placement(
     engines = kind.processes(config, cuda)
     _place_engines(placement, config, engines, cuda)
     _place_env_workers(placement, ray, ray_workers)
+    _place_harnesses(placement, config, ray)
     if ray and not kind.serves_workers():
         placement.refusals.append(
             f"Ray rollout workers cannot reach engine.kind {kind.name}: it has no endpoint for workers in other "
@@ -237,6 +238,29 @@ def _place_env_workers(placement: Placement, ray: str | None, workers: int) -> N
     else:
         detail = "one asyncio task per episode in the trainer process; sandboxes in their own containers"
         placement.stages.append(Stage("env workers", "env", "trainer process", detail=detail))
+
+
+HARNESS_PROCESS_BYTES = 101 << 20  # the Agents SDK's process after its imports (docs/harnesses.md, measured)
+
+
+def _place_harnesses(placement: Placement, config: Any, ray: str | None) -> None:
+    """Harness tasks' programs: a bubblewrap sandbox per episode on the trainer's host, reaching the gateway."""
+    harnesses = sorted({str(task.harness) for task in config.tasks if task.harness is not None})
+    if not harnesses:
+        return
+    rollout = config.rollout
+    at_once = max(rollout.concurrent_groups, config.algorithm.groups_per_step) * (
+        rollout.group_size + rollout.redundancy
+    )
+    detail = (
+        f"{', '.join(harnesses)}: one bubblewrap sandbox per episode, up to {at_once} at once, each reaching the "
+        "gateway in front of the engine; memory: the Agents SDK's ~101 MiB per process"
+    )
+    placement.stages.append(
+        Stage("harness programs", "env", "host (sandboxes)", host_bytes=at_once * HARNESS_PROCESS_BYTES, detail=detail)
+    )
+    if ray:
+        placement.refusals.append("harness tasks play on the trainer's process, not on Ray workers (fix: drop --ray)")
 
 
 def _check_launch(placement: Placement, kind: Any, config: Any) -> None:

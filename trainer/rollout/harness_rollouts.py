@@ -11,11 +11,12 @@ and `env_info` saying which harness played it, whether its calls merged and into
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
 from envhub.trainer.config import RolloutConfig, TaskConfig
-from envhub.trainer.gateway import Gateway, GatewayConfig
+from envhub.trainer.gateway import Gateway, GatewayConfig, to_trajectories
 from envhub.trainer.harness import HarnessEnv, HarnessEpisode
 from envhub.trainer.rollout.sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.rollout.tasks import env_factory
@@ -86,6 +87,8 @@ class HarnessRollouts:
             error = {"error": f"{type(exc).__name__}: {exc}"[:2000], "error_stage": "harness"}
             self._record(failed(task, seed, group_id, "error", error, time.monotonic() - started))
             return []
+        if episode.samples is None and episode.calls and task.harness_errors == "zero":
+            episode = scored_zero(episode, task, seed, group_id)
         self._record(episode_record(episode, task, seed, group_id))
         return list(episode.samples.trajectories) if episode.samples is not None else []
 
@@ -98,6 +101,15 @@ class HarnessRollouts:
         if self._started:
             await self.gateway.stop()
             self._started = False
+
+
+def scored_zero(episode: HarnessEpisode, task: TaskConfig, seed: int, group_id: str) -> HarnessEpisode:
+    """A failed episode that called the model, as the policy's failure (`harness_errors: zero`): its calls become
+    samples of reward 0 under the merge rule; its error stays on it for the record."""
+    samples = to_trajectories(
+        episode.calls, 0.0, task=task.env, group_id=group_id, seed=seed, env_info={"harness_error": True}
+    )
+    return dataclasses.replace(episode, reward=0.0, samples=samples)
 
 
 def calls_log(episode: HarnessEpisode) -> list[dict[str, Any]]:
@@ -138,6 +150,8 @@ def episode_record(episode: HarnessEpisode, task: TaskConfig, seed: int, group_i
     samples = episode.samples.trajectories
     first = samples[0]
     info = {k: v for k, v in first.env_info.items() if k != "sample"}
+    if episode.error:  # trained with reward 0 (harness_errors: zero): what went wrong is kept
+        info.update(harness_error=episode.error, stderr_tail=episode.stderr_tail)
     return Trajectory(
         input_ids=[i for t in samples for i in t.input_ids],
         loss_mask=[m for t in samples for m in t.loss_mask],

@@ -119,3 +119,34 @@ async def test_grpo_trains_a_harness_on_what_the_engine_generated(tmp_path, base
         assert all(r["env_info"]["samples"] == (1 if r["env_info"]["merged"] else 2) for r in mine)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 <= r["merged_share"] <= 1.0 for r in rows)
+
+
+async def test_a_harness_failing_after_calling_the_model_is_dropped_or_trained_with_reward_0(
+    tiny_policy, tokenizer, base_rootfs
+):
+    from envhub.trainer.config import RolloutConfig, TaskConfig
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+    from envhub.trainer.rollout.harness_rollouts import HarnessRollouts
+    from tests.trainer.harness.scripts import CRASH, NO_CALL
+
+    engine = EmbeddedEngine(tiny_policy, tokenizer)
+    rollouts = HarnessRollouts(engine, tokenizer, RolloutConfig(group_size=2, max_new_tokens=4))
+    seen = []
+    rollouts.on_episode = seen.append
+    try:
+        crash = TaskConfig(env="Letters-v0", harness=command(CRASH))
+        assert await rollouts.play_group(crash, 0, "drop") is None  # both episodes failed: the group fails
+        assert [(t.finish_reason, t.env_info["error_stage"]) for t in seen] == [("error", "harness")] * 2
+        assert all("status 3" in t.env_info["error"] and t.env_info["calls"] == 1 for t in seen)
+        seen.clear()
+        crash.harness_errors = "zero"  # the program failed after calling the model: the policy's failure
+        group = await rollouts.play_group(crash, 0, "zero")
+        assert len(group) == 2 and all(t.reward == 0.0 and t.num_model_tokens > 0 for t in group)
+        assert all(t.finish_reason == "terminated" and "status 3" in t.env_info["harness_error"] for t in seen)
+        seen.clear()
+        never = TaskConfig(env="Letters-v0", harness=command(NO_CALL), harness_errors="zero")
+        assert await rollouts.play_group(never, 0, "no-call") is None  # nothing the policy did: still an error
+        assert all(t.finish_reason == "error" and "never called the model" in t.env_info["error"] for t in seen)
+    finally:
+        await rollouts.close()
+        await engine.close()
