@@ -4,8 +4,9 @@ through the recording gateway in front of the trainer's own engine; its recorded
 An episode whose calls merge is one trajectory; one whose calls do not is one sample per call, the samples sharing
 the episode's key (`Trajectory.episode`), so the queue and the learner count it once (`episodes_of`). The run record
 gets one line per episode, whatever became of it: its calls (prompt and output ids, logprobs, versions) in `log`
-(entries of kind "call"),
-and `env_info` saying which harness played it, whether its calls merged and into how many samples.
+(entries of kind "call"), and `env_info` saying which harness played it, whether its calls merged and into how many
+samples. A program that failed after calling the model is dropped from its group, or trained with reward 0 under
+`harness_errors: zero`.
 """
 
 from __future__ import annotations
