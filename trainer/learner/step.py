@@ -22,11 +22,13 @@ from envhub.trainer.learner.advantages import loss_stats, masked_mean, sample_ad
 from envhub.trainer.learner.credit import CreditParams, anchor_share, token_advantages, turn_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import (
+    MIN_SHARED_PREFIX,
     MicroBatch,
     TokenLogprobs,
     pad_rows,
     plan_micro_batches,
     prompt_groups,
+    shared_prefix,
 )
 from envhub.trainer.learner.optimizer import build_optimizer
 from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
@@ -188,6 +190,7 @@ class Learner:
             "mean_ratio": float(sums[3]),
             "tokens": total_tokens,
             "padded_tokens": float(sum(mb.padded_tokens for mb in batches)),
+            "shared_prefix_tokens": float(sum(self._shared_tokens(mb) for mb in batches)),
             "micro_batches": float(len(batches)),
             "stale_tokens": float(stale_tokens),
             "lr": float(self.scheduler.get_last_lr()[0]),
@@ -198,6 +201,14 @@ class Learner:
             "turns": float(turns),
             **{name: float(sums[5 + i]) for i, name in enumerate(pg_stat_names(self.config))},
         }
+
+    def _shared_tokens(self, mb: MicroBatch) -> int:
+        """Tokens of `mb` that a shared prefix spared the forward pass (`learner.share_prefix`)."""
+        rows = mb.input_ids.shape[0]
+        if not self.scorer_shares or rows < 2:
+            return 0
+        shared = shared_prefix(mb.input_ids, mb.attention_mask)
+        return (rows - 1) * shared if shared >= MIN_SHARED_PREFIX else 0
 
     def _micro_batches(self, groups: list[list[Trajectory]], version: int) -> tuple[list[MicroBatch], int]:
         """The step's token-budget micro-batches, with group advantages and each token's staleness applied."""

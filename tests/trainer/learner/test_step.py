@@ -145,6 +145,7 @@ def test_a_groups_shared_prompt_runs_once_and_the_update_is_the_same(tiny_model)
     # each micro-batch is one group of 4: its 49 shared tokens (the prompt and the same first reply token) run
     # once, then each row's own tokens beside their keys and values
     assert len(fed[0]) == 2 and fed[1][0::2] == [49, 49] and sum(fed[1]) < sum(fed[0])
+    assert a["shared_prefix_tokens"] == 0 and b["shared_prefix_tokens"] == 2 * 3 * 49
 
 
 def test_shared_prefix_stops_at_the_first_difference_or_padding_and_leaves_each_row_a_token():
