@@ -219,12 +219,18 @@ def test_readme_python_examples_run(tmp_path, monkeypatch):
     blocks = code_blocks((REPO / "README.md").read_text())
     assert any("class Guess(envhub.AgentEnv)" in b.code for b in blocks)
     monkeypatch.chdir(tmp_path)
-    runner = Runner(tmp_path, top_level_await=False)  # each snippet runs as written in a script
-    runner.run(blocks, ("python",))
+    # each snippet runs as written in a script of its own: a fresh namespace per block, so one that leans on an
+    # import of an earlier block (`gym` in "Register your own environment") fails here as it does for a reader
+    namespaces = {}
+    for block in blocks:
+        runner = Runner(tmp_path, top_level_await=False)
+        runner.run([block], ("python",))
+        namespaces[block.line] = runner.namespace
+    guess = next(b for b in blocks if "class Guess(envhub.AgentEnv)" in b.code)
     # the README's own example env passes gymnasium's checker (render_mode included)
     from gymnasium.utils.env_checker import check_env
 
-    check_env(runner.namespace["env"].unwrapped, skip_render_check=False)
+    check_env(namespaces[guess.line]["env"].unwrapped, skip_render_check=False)
 
 
 def test_code_blocks_are_found_with_their_sections():
