@@ -295,6 +295,9 @@ class Trainer:
     async def _next_batch(self, run: _Run, producing: asyncio.Task[None]) -> list[Group] | None:
         """The next batch of groups, or None when the run must stop first (stop_reason says why)."""
         self._raise_if_failing(run)  # also when other tasks keep the batches coming
+        if self._stop.is_set():  # Ctrl-C during SFT or an evaluation: an interrupt (exit 130, no final evaluation)
+            run.interrupted = True
+            return None
         if self._out_of_time(run):
             return None
         run.timer.waiting()

@@ -156,6 +156,16 @@ def test_sigint_leaves_a_usable_checkpoint(tmp_path):
     assert f"step {done + 1}/{done + 1} reward" in resumed.stderr
 
 
+async def test_a_stop_requested_before_rl_is_an_interrupt_even_when_the_time_budget_is_spent(tmp_path, monkeypatch):
+    """Ctrl-C during the demo's SFT stage, whose SFT and evaluation then spent max_run_s: the run reported "time budget
+    spent", ran the final evaluation (5 minutes more) and exited 0, as if no Ctrl-C had come."""
+    trainer = Trainer(tiny_config(tmp_path))
+    trainer.request_stop()  # what Ctrl-C does, here before the first step
+    monkeypatch.setattr(Trainer, "_out_of_time", lambda self, run: True)
+    result = await trainer.run()
+    assert (result.interrupted, result.stop_reason, result.last_step) == (True, "interrupted", 0)
+
+
 @pytest.mark.slow
 async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
     config = config_from_dict(
