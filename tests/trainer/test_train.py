@@ -166,6 +166,18 @@ async def test_a_stop_requested_before_rl_is_an_interrupt_even_when_the_time_bud
     assert (result.interrupted, result.stop_reason, result.last_step) == (True, "interrupted", 0)
 
 
+async def test_a_run_that_trained_no_rl_step_does_not_evaluate_the_same_weights_again(tmp_path, monkeypatch, capsys):
+    """Seen under load: the demo's SFT and its evaluation spent max_run_s, RL fitted 0 steps, and the run spent 5
+    more minutes evaluating the SFT weights a second time."""
+    config = tiny_config(tmp_path)
+    config.evaluation.episodes = 2
+    monkeypatch.setattr(Trainer, "_out_of_time", lambda self, run: True)
+    result = await Trainer(config).run()
+    assert (result.interrupted, result.last_step) == (False, 0)
+    assert "the weights of 'before' again; skipped" in capsys.readouterr().out
+    assert "after" not in json.loads((tmp_path / "eval.json").read_text())["overall"]
+
+
 @pytest.mark.slow
 async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
     config = config_from_dict(
