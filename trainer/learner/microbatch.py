@@ -130,9 +130,10 @@ class TokenLogprobs(torch.nn.Module):
         if shared < MIN_SHARED_PREFIX or (body.training and getattr(body, "gradient_checkpointing", False)):
             return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         prefix = body(input_ids=input_ids[:1, :shared], use_cache=True)
-        cache = getattr(prefix, "cache", None) or prefix.past_key_values
+        cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
         cache.batch_repeat_interleave(rows)
-        rest = body(input_ids=input_ids[:, shared:], attention_mask=attention_mask, **{_cache_keyword(): cache})
+        past = {_cache_keyword(type(body)): cache}
+        rest = body(input_ids=input_ids[:, shared:], attention_mask=attention_mask, **past)
         return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
 
 
@@ -160,10 +161,8 @@ def prompt_groups(groups: list[list[list[int]]]) -> list[int]:
 
 
 @functools.cache
-def _cache_keyword() -> str:
-    """transformers 5 renamed the decoder's `past_key_values` argument `cache` (the old name still works, warning)."""
+def _cache_keyword(decoder: type) -> str:
+    """transformers 5 renamed a decoder's `past_key_values` argument `cache` (the old name still works, warning)."""
     import inspect
 
-    from transformers import LlamaModel
-
-    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
