@@ -103,7 +103,8 @@ class TokenLogprobs(torch.nn.Module):
 
     The engine's convention (temperature <= 0 counts as 1). Positions where `loss_mask` is 0 get 0:
     the vocabulary projection runs only on model tokens. This module is what DDP / FSDP wrap, so that
-    their forward hooks see one forward per micro-batch.
+    their forward hooks see one forward per micro-batch. `share_prefix` runs a prefix every row shares once
+    (`_hidden`); it needs transformers' KV cache, which gradient checkpointing drops, so not with it.
     """
 
     def __init__(self, model: Any, temperature: float, chunk_tokens: int = 4096, share_prefix: bool = False) -> None:
@@ -126,8 +127,8 @@ class TokenLogprobs(torch.nn.Module):
         """The decoder's last hidden states [B, T, H]; a prefix every row shares runs once, its keys and values
         repeated for the rows' own tokens (gradients from every row meet in the one prefix computation)."""
         rows = input_ids.shape[0]
-        shared = shared_prefix(input_ids, attention_mask) if self.share_prefix and rows > 1 else 0
-        if shared < MIN_SHARED_PREFIX or (body.training and getattr(body, "gradient_checkpointing", False)):
+        shared = shareable_prefix(input_ids, attention_mask) if self.share_prefix else 0
+        if not shared:
             return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         prefix = body(input_ids=input_ids[:1, :shared], use_cache=True)
         cache = prefix.cache if hasattr(prefix, "cache") else prefix.past_key_values
@@ -147,6 +148,12 @@ def shared_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     differ = (~same).nonzero()
     length = int(differ[0]) if len(differ) else input_ids.shape[1]
     return min(length, input_ids.shape[1] - 1)
+
+
+def shareable_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """The shared prefix worth running once: at least `MIN_SHARED_PREFIX` tokens over two rows or more, else 0."""
+    shared = shared_prefix(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
+    return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
 def prompt_groups(groups: list[list[list[int]]]) -> list[int]:

@@ -22,13 +22,12 @@ from envhub.trainer.learner.advantages import loss_stats, masked_mean, sample_ad
 from envhub.trainer.learner.credit import CreditParams, anchor_share, token_advantages, turn_advantages
 from envhub.trainer.learner.layers import freeze_below_top_layers
 from envhub.trainer.learner.microbatch import (
-    MIN_SHARED_PREFIX,
     MicroBatch,
     TokenLogprobs,
     pad_rows,
     plan_micro_batches,
     prompt_groups,
-    shared_prefix,
+    shareable_prefix,
 )
 from envhub.trainer.learner.optimizer import build_optimizer
 from envhub.trainer.learner.pg_variants import pg_stat_names, pg_token_loss
@@ -129,7 +128,9 @@ class Learner:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         self.dist = dist
-        share = self.learner_config.share_prefix and dist is None  # one process: FSDP/DDP see one plain forward
+        # one process (FSDP/DDP see one plain forward), and the KV cache the prefix pass needs (checkpointing drops it)
+        lcfg = self.learner_config
+        share = lcfg.share_prefix and dist is None and not lcfg.gradient_checkpointing
         scorer = TokenLogprobs(model, temperature, self.learner_config.logprob_chunk_tokens, share_prefix=share)
         self.scorer = dist.wrap(scorer) if dist is not None else scorer
         self.scorer_shares = share  #: micro-batches keep a group's rows together (they share its prompt)
@@ -204,11 +205,9 @@ class Learner:
 
     def _shared_tokens(self, mb: MicroBatch) -> int:
         """Tokens of `mb` that a shared prefix spared the forward pass (`learner.share_prefix`)."""
-        rows = mb.input_ids.shape[0]
-        if not self.scorer_shares or rows < 2:
+        if not self.scorer_shares:
             return 0
-        shared = shared_prefix(mb.input_ids, mb.attention_mask)
-        return (rows - 1) * shared if shared >= MIN_SHARED_PREFIX else 0
+        return (mb.input_ids.shape[0] - 1) * shareable_prefix(mb.input_ids, mb.attention_mask)
 
     def _micro_batches(self, groups: list[list[Trajectory]], version: int) -> tuple[list[MicroBatch], int]:
         """The step's token-budget micro-batches, with group advantages and each token's staleness applied."""
