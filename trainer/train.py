@@ -449,9 +449,8 @@ class Trainer:
         if run.step == run.first_step and run.evaluation.results:  # the weights the last evaluation measured
             last = list(run.evaluation.results)[-1]
             print(f"no RL step was trained: the final evaluation would measure the weights of '{last}' again; skipped")
-            print(run.evaluation.table(), flush=True)
-            return
-        load_state(run.eval_model, run.final_state)
-        with self.clock.stage("evaluation after"):
-            await run.evaluation.measure("after", run.eval_model, run.tokenizer)
+        else:
+            load_state(run.eval_model, run.final_state)
+            with self.clock.stage("evaluation after"):
+                await run.evaluation.measure("after", run.eval_model, run.tokenizer)
         print(run.evaluation.table(), flush=True)
