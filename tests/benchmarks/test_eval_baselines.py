@@ -11,26 +11,23 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks/results/eval-baselines"
 
 
-def baselines():
-    spec = importlib.util.spec_from_file_location("eval_baselines", ROOT / "benchmarks/eval_baselines.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+spec = importlib.util.spec_from_file_location("eval_baselines", ROOT / "benchmarks" / "eval_baselines.py")
+eval_baselines = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(eval_baselines)
 
 
 def test_readme_shows_the_committed_summaries_row_for_row():
-    module, readme = baselines(), (ROOT / "README.md").read_text()
-    for table in module.TABLES:
-        rows = module.readme_rows(RESULTS, table)
+    readme = (ROOT / "README.md").read_text()
+    for table in eval_baselines.TABLES:
+        rows = eval_baselines.readme_rows(RESULTS, table)
         assert rows and all(row in readme for row in rows), [row for row in rows if row not in readme]
 
 
 def test_every_committed_summary_has_the_set_that_regenerates_it_and_success_is_the_envs():
-    module = baselines()
-    assert {p.stem for p in RESULTS.glob("*.json")} == set(module.SETS)
+    assert {p.stem for p in RESULTS.glob("*.json")} == set(eval_baselines.SETS)
     expert = json.loads((RESULTS / "suites-expert.json").read_text())["minigrid-BabyAI-GoToLocal-v0"]
     assert expert["mean_reward"] < 1.0 and expert["pass_at_k"]["1"] == 1.0  # MiniGrid's reward falls with steps
-    assert module.cell(expert).endswith("1.00 (100 ± 0)")
+    assert eval_baselines.cell(expert).endswith("1.00 (100 ± 0)")
 
 
 def test_a_set_runs_as_a_user_would_and_its_summary_is_kept(tmp_path):
