@@ -144,6 +144,9 @@ class RolloutConfig:
     episode_timeout_s: float = 120.0  #: wall time before the watchdog cancels an episode
     temperature: float = 1.0  #: sampling temperature (the learner uses the same)
     top_p: float = 1.0  #: nucleus sampling
+    #: each request samples from its own generator, seeded by (task, task seed, group, episode, turn): what is
+    #: sampled no longer depends on how the engine batched requests, so a sync run repeats under any load
+    seeded: bool = False
     concurrent_groups: int = 4  #: groups in flight at once
     max_task_errors: int = 16  #: stop the run when this many episodes of one task fail in a row (0 = never)
     task_sampling: Literal["fixed", "signal"] = (

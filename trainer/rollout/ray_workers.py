@@ -85,11 +85,11 @@ class EnvWorker:
         self.worker = RolloutWorker(self.engine, load_tokenizer(tokenizer_name), rollout)
         self.factories: dict[str, Any] = {}
 
-    async def run_episode(self, task: TaskConfig, seed: int, group_id: str) -> Trajectory:
+    async def run_episode(self, task: TaskConfig, seed: int, group_id: str, episode: int = 0) -> Trajectory:
         """Play one episode of `task` to its end; an error ends it as an "error" trajectory (never raised)."""
         if task.env not in self.factories:
             self.factories[task.env] = lambda: self._env_factory(task)()  # an unknown id fails at build, counted
-        return await self.worker.run_episode(self.factories[task.env], task.env, seed, group_id)
+        return await self.worker.run_episode(self.factories[task.env], task.env, seed, group_id, episode)
 
     async def pid(self) -> int:
         """The actor's process id (tests and diagnostics)."""
@@ -187,14 +187,14 @@ class RayRolloutSource:
         """Wait until every actor has started (its tokenizer loaded)."""
         await asyncio.gather(*[a.pid.remote() for a in self.actors])
 
-    async def _episode(self, task: TaskConfig, seed: int, group_id: str) -> Trajectory:
+    async def _episode(self, task: TaskConfig, seed: int, group_id: str, episode: int) -> Trajectory:
         async with self._slots:
             for _attempt in range(self.options.max_episode_retries + 1):
                 index = min(range(len(self.actors)), key=self.load.__getitem__)
                 actor = self.actors[index]
                 self.load[index] += 1
                 self.peak_in_flight = max(self.peak_in_flight, sum(self.load))
-                ref = actor.run_episode.remote(task, seed, group_id)
+                ref = actor.run_episode.remote(task, seed, group_id, episode)
                 try:
                     traj = await ref
                     self.episodes_finished += 1
@@ -222,7 +222,7 @@ class RayRolloutSource:
     async def play_group(self, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory] | None:
         """group_size + redundancy episodes of one seed on the actors; the first group_size to finish are kept."""
         size = self.rollout.group_size
-        episodes = [self._episode(task, seed, group_id) for _ in range(size + self.rollout.redundancy)]
+        episodes = [self._episode(task, seed, group_id, i) for i in range(size + self.rollout.redundancy)]
         return await keep_first_finished(episodes, size)
 
     async def close(self) -> None:

@@ -78,8 +78,8 @@ class LocalRollouts:
         config = self.worker.config
         make_env = self.factories[task.env]
         episodes = [
-            self.worker.run_episode(make_env, task.env, seed, group_id)
-            for _ in range(config.group_size + config.redundancy)
+            self.worker.run_episode(make_env, task.env, seed, group_id, episode)
+            for episode in range(config.group_size + config.redundancy)
         ]
         return await keep_first_finished(episodes, config.group_size)
 

@@ -13,6 +13,7 @@ for step-level credit.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class _Episode:
     info: dict[str, Any] = field(default_factory=dict)
     turn_log: list[dict[str, Any]] = field(default_factory=list)
     spans: list[TurnSpan] = field(default_factory=list)
+    sampling_key: str | None = None  # with rollout.seeded: the episode's part of each request's sampling seed
     stage: str = "build"  # what the episode is doing: build, reset, generate or step (named by an error)
     started: float = field(default_factory=time.monotonic)
 
@@ -74,6 +76,13 @@ class _Episode:
         )
 
 
+def sampling_seed(key: str, turn: int) -> int:
+    """A request's sampling seed from its episode's key and turn: stable across processes (unlike `hash`), and
+    below 2**31 as OpenAI-compatible servers take it."""
+    digest = hashlib.blake2b(f"{key}|{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**31
+
+
 class RolloutWorker:
     """Plays episodes of any registered (local or remote) env against an InferenceEngine."""
 
@@ -87,8 +96,12 @@ class RolloutWorker:
         self.episodes_running = 0
         self.on_episode: Callable[[Trajectory], None] | None = None  # sees every episode that ends, cancelled ones too
 
-    async def run_episode(self, make_env: EnvFactory, task: str, seed: int, group_id: str = "") -> Trajectory:
+    async def run_episode(
+        self, make_env: EnvFactory, task: str, seed: int, group_id: str = "", episode: int = 0
+    ) -> Trajectory:
         """Play one episode to its end or a limit; the env is always closed.
+
+        `episode` is its index in the group: with `rollout.seeded`, it seeds the episode's sampling with the rest.
 
         An exception of the env or the engine ends the episode with finish_reason "error", the error text in
         `env_info["error"]` and where it happened in `env_info["error_stage"]` (build, reset, generate or step);
@@ -103,6 +116,7 @@ class RolloutWorker:
         try:
             state.stage = "build"
             env = as_async(make_env())  # a factory's own gymnasium wrappers run on the async path too
+            state.sampling_key = f"{task}|{seed}|{group_id}|{episode}" if self.config.seeded else None
             finish = await asyncio.wait_for(self._play(env, seed, state), timeout=self.config.episode_timeout_s)
         except TimeoutError:
             self.episodes_timed_out += 1
@@ -150,6 +164,7 @@ class RolloutWorker:
                 temperature=cfg.temperature,
                 top_p=cfg.top_p,
                 stop_token_ids=tuple(sorted(self.stop_ids)),
+                seed=None if state.sampling_key is None else sampling_seed(state.sampling_key, state.turns),
             )
             generate_started = time.monotonic()
             state.stage = "generate"

@@ -229,3 +229,23 @@ async def test_an_swe_episode_whose_tests_never_run_is_an_env_error_not_reward_z
     assert errors.metrics()["episode_errors"] == {"TinyBroken": 1}
     assert "could not be graded (no_test_run)" in errors.metrics()["episode_error"]["TinyBroken"]
     assert "exit code 4" in errors.metrics()["episode_error"]["TinyBroken"]
+
+
+async def test_a_seeded_group_samples_the_same_whatever_the_engine_batches(engine_cls, tiny_model, tokenizer):
+    """`rollout.seeded`: each request samples from its own generator, seeded by its episode and turn, so a group
+    played one request at a time and the same group played in full batches beside another group are the same."""
+    config = RolloutConfig(group_size=4, max_turns=4, max_new_tokens=3, temperature=1.0, seeded=True)
+    task = TaskConfig(env="Corridor-v0", kwargs={"length": 3, "max_turns": 4})
+    factories = {task.env: lambda: envhub.make("Corridor-v0", length=3, max_turns=4)}
+
+    async def played(max_batch_size: int, beside: bool) -> list[list[int]]:
+        engine = engine_cls(tiny_model, tokenizer, max_batch_size=max_batch_size)
+        source = LocalRollouts(RolloutWorker(engine, tokenizer, config), factories)
+        groups = [source.play_group(task, 5, "1-0")] + ([source.play_group(task, 6, "1-1")] if beside else [])
+        group, *_ = await asyncio.gather(*groups)
+        await engine.close()
+        return sorted(t.input_ids for t in group)
+
+    alone = await played(1, beside=False)
+    assert alone == await played(8, beside=True)
+    assert len({tuple(ids) for ids in alone}) > 1  # each episode of the group has its own seed
