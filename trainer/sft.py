@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 
 from envhub.chat_tokens import ChatTokens
 from envhub.errors import ConfigError
+from envhub.trainer.engines.embedded.threads import apply_threads
 from envhub.trainer.learner.layers import freeze_below_top_layers
 
 
@@ -121,8 +123,11 @@ def run_sft(
     seed: int = 0,
     max_time_s: float = 0.0,
     train_layers: int = 0,
+    threads: Callable[[], int] | None = None,
 ) -> dict[str, float]:
     """Fine-tune `model` in place; returns first/last batch loss, steps and seconds.
+
+    `threads` (the run's `CoreShare.alone`) gives the torch threads of each step, re-read before every step.
 
     With `train_layers`, only the top layers learn: the backward pass stops there, which on a CPU roughly halves
     a step's cost (the lower layers and the tied embeddings keep their weights).
@@ -140,6 +145,8 @@ def run_sft(
             for i in range(0, len(order), batch_size):
                 if max_time_s and time.monotonic() - started > max_time_s:
                     break
+                if threads is not None:
+                    apply_threads(threads())
                 loss = sft_loss(model, order[i : i + batch_size], pad_id)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -160,9 +167,11 @@ def run_sft(
     }
 
 
-async def warm_start(model: Any, tokenizer: Any, config: Any, out_dir: str | Path) -> dict[str, float]:
+async def warm_start(
+    model: Any, tokenizer: Any, config: Any, out_dir: str | Path, threads: Callable[[], int] | None = None
+) -> dict[str, float]:
     """The train config's `sft:` stage: collect expert data if asked, then fine-tune `model` in place (padding with
-    the tokenizer's pad token, else its end-of-sequence token)."""
+    the tokenizer's pad token, else its end-of-sequence token); `threads` as in `run_sft`."""
     import asyncio
 
     sft = config.sft
@@ -184,6 +193,7 @@ async def warm_start(model: Any, tokenizer: Any, config: Any, out_dir: str | Pat
         seed=config.seed,
         max_time_s=sft.max_time_s,
         train_layers=sft.train_layers,
+        threads=threads,
     )
     print(
         f"sft: {stats['steps']} steps on {stats['examples']} conversations, loss {stats['first_loss']:.3f} -> "

@@ -9,15 +9,20 @@ generation: 22.6 s with the engine at 90.7 tokens/s, both on 2 threads; split 1 
 
 The rule, per stage:
 - evaluation (the engine alone): the engine takes every core other processes leave free;
-- SFT (the learner alone): the learner takes every core;
-- RL: the learner takes every core (`learner.threads` N: N threads for a step begun while episodes are generated,
-  and the engine leaves it those N); the engine takes every core other processes leave free, re-measured as it
-  runs; learner and engine overlap in one process, where OpenMP shares the cores between their teams;
+- SFT (the learner alone): the learner takes every core other processes leave free, re-measured every step;
+- RL: the learner takes every core other processes leave free, re-measured every step (`learner.threads` N: at
+  most N threads for a step begun while episodes are generated, and the engine leaves it those N); the engine
+  takes every core other processes leave free, re-measured as it runs; learner and engine overlap in one process,
+  where OpenMP shares the cores between their teams;
 - envs run on the event loop and in sandboxes (other processes) with no torch threads of their own: the cores
   other processes keep busy (sandboxes, dockerd, anything else on the machine) come off the engine's share.
 
 Free cores are this process's affinity mask. `engine.threads` / `learner.threads` fix either number (0: the rule).
 The Trainer prints the rule at start (`describe`).
+
+Why the learner counts other processes too: a tiny model's learner step at 2 threads took 1.81 s beside one
+2-thread CPU-bound process against 0.55 s alone, and 0.76 s at 1 thread beside it (15 async steps, 2-core EPYC,
+2026-11-29): the same barrier waits as the engine's. The test suite's two workers are each other's load.
 """
 
 from __future__ import annotations
@@ -65,14 +70,26 @@ class CoreShare:
         if getattr(target, "threads", None) is not None:
             target.threads = self.engine_threads
 
+    def alone(self) -> int:
+        """Threads for a learner step while nothing generates (SFT, or RL with no episode in flight)."""
+        others = self._rule.load  # None where /proc/stat is not there: other processes' load is not known
+        busy = round(others.update()) if others is not None else 0
+        return max(1, self.cores - busy)
+
+    def beside(self) -> int:
+        """Threads for a learner step begun while episodes are generated."""
+        return min(self.learner_beside, self.alone())
+
     def learner_step(self, fn: Callable[..., T], generating: Callable[[], bool]) -> Callable[..., T]:
         """`fn` run as a learner step under the rule; `generating()` says whether episodes are being generated."""
 
         @functools.wraps(fn)
         def step(*args: Any, **kwargs: Any) -> T:
-            threads = self.learner_beside if generating() else self.cores
+            beside = generating()
+            split = beside and self.learner_beside < self.cores  # learner.threads N: the engine leaves it those N
+            threads = self.beside() if beside else self.alone()
             apply_threads(threads)
-            self._stepping = threads if threads < self.cores else 0
+            self._stepping = threads if split else 0
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -89,6 +106,7 @@ class CoreShare:
             + (f", less the learner's {self.learner_beside} while it steps" if self.learner_beside < self.cores else "")
         )
         return (
-            f"cores: {self.cores}; learner {self.learner_beside} threads beside generation, {self.cores} alone; "
+            f"cores: {self.cores}; learner {self.learner_beside} threads beside generation, {self.cores} alone, less "
+            "the cores other processes keep busy; "
             f"engine {engine}; torch threads now {torch.get_num_threads()} (docs/engines.md, Sharing the cores)"
         )

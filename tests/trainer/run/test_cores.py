@@ -50,6 +50,52 @@ def test_a_learner_step_with_nothing_generating_takes_every_core():
     assert during["learner"] == 2 and share.engine_threads() == 2
 
 
+class Busy:
+    """Other processes keeping `cores` cores busy, as `OtherLoad` would measure them."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+
+    def update(self) -> float:
+        return self.cores
+
+
+def test_cores_other_processes_keep_busy_come_off_the_learners_share_as_off_the_engines():
+    """A learner step's OpenMP team, like the engine's, waits at every barrier for a thread another process has
+    descheduled: beside one busy core, 2 threads took a tiny model's step from 0.55 s to 1.81 s, 1 thread to 0.86."""
+    share = CoreShare(cores=4)
+    share._rule.load = Busy(1.2)
+    during = []
+
+    def step():
+        during.append((torch.get_num_threads(), share.engine_threads()))
+
+    in_new_thread(lambda: share.learner_step(step, generating=lambda: False)())
+    in_new_thread(lambda: share.learner_step(step, generating=lambda: True)())
+    assert during == [(3, 3), (3, 3)] and share.alone() == 3
+    share._rule.load = Busy(9.0)
+    assert share.alone() == share.beside() == share.engine_threads() == 1  # never below one thread
+    limited = CoreShare(learner_threads=2, cores=4)
+    limited._rule.load = Busy(1.0)
+    assert limited.beside() == 2 and limited.alone() == 3
+
+
+def test_sft_takes_its_threads_from_the_rule_before_every_step(tokenizer):
+    from envhub.trainer.models import tiny_llama
+    from envhub.trainer.sft import SFTExample, run_sft
+
+    model = tiny_llama(tokenizer, seed=0)
+    examples = [SFTExample([1, 2, 3, 4, 5], [0, 0, 1, 1, 1]) for _ in range(6)]
+    asked = []
+
+    def threads() -> int:
+        asked.append(torch.get_num_threads())
+        return 1
+
+    stats = in_new_thread(lambda: run_sft(model, examples, batch_size=2, threads=threads))
+    assert stats["steps"] == 3 and len(asked) == 3
+
+
 def test_fixed_counts_are_kept_and_described():
     share = CoreShare(learner_threads=3, engine_threads=1, cores=4)
     assert share.engine_threads() == 1 and share.learner_beside == 3

@@ -19,6 +19,7 @@ kept busy over the last second or so, at least 1.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -36,12 +37,17 @@ class OtherLoad:
         self.smoothing = smoothing  # weight of the newest interval
         self._last = cpu_times()
         self.cores = 0.0
+        self._lock = threading.Lock()  # read by the engine's compute thread and the learner's alike
 
     def update(self) -> float:
         """The current estimate; re-measured when `interval_s` has passed since the last measurement (the kernel's
         counters are read only then: this runs before every model step)."""
         if time.monotonic() - self._last[0] < self.interval_s:
             return self.cores
+        with self._lock:
+            return self._measure()
+
+    def _measure(self) -> float:
         now = cpu_times()
         wall = now[0] - self._last[0]
         if wall > 0:
