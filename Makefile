@@ -98,7 +98,7 @@ $(STAMP): pyproject.toml setup.py | $(UV)
 	$(PIP_INSTALL) $(BIN)/python --no-deps --target $(SKYRL_OVERLAY) skyrl==0.3.0 loguru==0.7.3
 	@# the built-in harnesses' packages (docs/harnesses.md), mounted read-only into harness sandboxes for their python3
 	rm -rf $(HARNESS_OVERLAY)
-	$(PIP_INSTALL) $(BIN)/python --target $(HARNESS_OVERLAY) openai-agents==0.24.0
+	$(PIP_INSTALL) $(BIN)/python --target $(HARNESS_OVERLAY) openai-agents==0.24.0 mini-swe-agent==2.4.6
 	@touch $(STAMP)
 
 # A clone named `envhub` would shadow the editable install for scripts run from its parent (Python imports the

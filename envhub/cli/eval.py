@@ -161,7 +161,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--kwargs", default=None, help="JSON keyword arguments for every env, e.g. '{\"backend\": \"bwrap\"}'"
     )
-    p.add_argument("--api-key", default=None, help="for openai: agents (default $OPENAI_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="for openai: agents (default $OPENAI_API_KEY) and vllm: engines (default $ENVHUB_ENGINE_API_KEY)",
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="new tokens per model turn (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -18,12 +19,22 @@ from typing import Any
 
 from envhub.errors import ConfigError
 
-MODEL_HELP = "use smollm2, tiny or hf:DIR (a model envhub serves itself, so its tokens can be recorded)"
+MODEL_HELP = (
+    "use smollm2, tiny or hf:DIR (served by the embedded engine), or vllm:URL#MODEL (a running vLLM server, e.g. "
+    "`envhub serve-engine --backend vllm`, whose MODEL is smollm2, tiny or hf:DIR for the tokenizer): engines whose "
+    "tokens can be recorded"
+)
 
 
 def model_name(spec: str) -> str:
-    """The embedded engine's model for an agent spec; ConfigError for specs the gateway cannot serve."""
+    """The model (for the tokenizer and the embedded engine) of an agent spec; ConfigError for specs the gateway
+    cannot serve."""
     spec = spec.strip()
+    if spec.startswith("vllm:"):
+        url, _, model = spec.removeprefix("vllm:").partition("#")
+        if not url.startswith(("http://", "https://")) or not model:
+            raise ConfigError(f"--agent {spec!r} is not vllm:URL#MODEL", hint=MODEL_HELP)
+        return model_name(model)
     if spec in ("smollm2", "tiny"):
         return spec
     if spec.startswith("hf:") and spec.removeprefix("hf:"):
@@ -31,16 +42,31 @@ def model_name(spec: str) -> str:
     raise ConfigError(f"--agent {spec!r} cannot serve a harness", hint=MODEL_HELP)
 
 
+def open_engine(spec: str, api_key: str | None) -> tuple[Any, Any]:
+    """The engine and tokenizer an agent spec names: a real vLLM server it attaches to, or an embedded engine."""
+    spec = spec.strip()
+    if spec.startswith("vllm:"):
+        from envhub.trainer.engines.vllm.engine import VLLMEngine
+        from envhub.trainer.models import load_tokenizer
+
+        url = spec.removeprefix("vllm:").partition("#")[0]
+        return VLLMEngine(url, api_key=api_key), load_tokenizer(model_name(spec))
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+
+    engine = EmbeddedEngine.from_pretrained(model_name(spec))
+    return engine, engine.tokenizer
+
+
 async def _play_all(
     args: argparse.Namespace, out: Path | None, env_kwargs: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
     from envhub.trainer.gateway import Gateway, GatewayConfig
     from envhub.trainer.harness import HarnessEnv
 
-    engine = EmbeddedEngine.from_pretrained(model_name(args.agent))
+    key = getattr(args, "api_key", None) or os.environ.get("ENVHUB_ENGINE_API_KEY")
+    engine, tokenizer = open_engine(args.agent, key)
     config = GatewayConfig(max_tokens_per_request=args.max_tokens, temperature=args.temperature)
-    gateway = Gateway(engine, engine.tokenizer, config)
+    gateway = Gateway(engine, tokenizer, config)
     local = args.harness_runner == "local"
     harnesses = {
         env_id: HarnessEnv(

@@ -37,6 +37,9 @@ def test_eval_runs_a_command_line_harness_and_records_its_calls(tmp_path, base_r
     [
         (["--agent", "random"], "cannot serve a harness"),
         (["--agent", "openai:http://127.0.0.1:1/v1"], "cannot serve a harness"),
+        (["--agent", "vllm:http://127.0.0.1:1"], "is not vllm:URL#MODEL"),  # no model for the tokenizer
+        (["--agent", "vllm:127.0.0.1:1#tiny"], "is not vllm:URL#MODEL"),
+        (["--agent", "vllm:http://127.0.0.1:1#gpt-4"], "cannot serve a harness"),
         (["--agent", "tiny", "--kwargs", "{nope"], "--kwargs is not JSON"),
         (["--agent", "tiny", "--harness", " "], "harness is empty"),
     ],
@@ -44,3 +47,10 @@ def test_eval_runs_a_command_line_harness_and_records_its_calls(tmp_path, base_r
 def test_eval_refuses_what_a_harness_cannot_use(extra, message, capsys):
     assert main(["eval", "Letters-v0", "--harness", "true", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_vllm_agent_spec_names_the_server_and_the_tokenizers_model():
+    from envhub.cli.harness_eval import model_name
+
+    assert model_name("vllm:http://127.0.0.1:8000#smollm2") == "smollm2"
+    assert model_name("vllm:https://engine.internal:443/#hf:/models/qwen") == "/models/qwen"

@@ -92,10 +92,10 @@ def harness_task(harness, **top):
 @pytest.mark.parametrize(
     "data, message",
     [
-        (harness_task(""), r"tasks\[0\].harness is empty .*name a built-in harness \(openai-agents\)"),
+        (harness_task(""), r"tasks\[0\].harness is empty .*name a built-in harness \(openai-agents, mini-swe-agent\)"),
         (harness_task("   "), r"tasks\[0\].harness is empty"),
         (harness_task("openai-agent"), r"'openai-agent' is not a built-in harness .*did you mean 'openai-agents'"),
-        (harness_task("mini-swe-agent"), r"not a built-in harness .*or give a command line"),
+        (harness_task("mini-swe-agnet"), r"not a built-in harness .*did you mean 'mini-swe-agent'"),
         (harness_task("openai-agents", rollout={"group_size": 1}), "group_size must be at least 2"),
         (harness_task("openai-agents", algorithm={"advantage": "gigpo"}), "harness episode has one reward.*grpo"),
         (harness_task("openai-agents", sft={"collect": 4}), "sft.collect records the env's own expert turns"),

@@ -103,4 +103,15 @@ BUILTIN = {
             "OPENAI_AGENTS_DISABLE_TRACING": "1",  # nothing may leave the machine: traces would go to api.openai.com
         },
     ),
+    "mini-swe-agent": BuiltinHarness(
+        "mini-swe-agent",
+        "mini_swe_agent.py",
+        "minisweagent",
+        {
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # LiteLLM would fetch its cost map at import otherwise
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": "/tmp/.mini-swe-agent",  # it writes a .env there; the sandbox's /tmp is its own
+            "MSWEA_COST_TRACKING": "ignore_errors",  # a local model has no price
+        },
+    ),
 }

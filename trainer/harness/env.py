@@ -4,7 +4,8 @@ The program sees the gateway's per-episode handle (OPENAI_BASE_URL, OPENAI_API_K
 as text (ENVHUB_TASK: the wrapped env's system prompt and first observation). It runs under a wall clock and the
 gateway's per-episode token budget. An env without tools takes the last line the program printed as its action
 and gives the reward; an env with tools serves them at ENVHUB_MCP_URL (each call one env step, their rewards
-summed). A program that crashes, hangs, never calls the model or prints nothing ends the episode as an
+summed; one with a `submit` tool that the program never called is submitted when it exits, so a SWE task grades
+the patch it left). A program that crashes, hangs, never calls the model or prints nothing ends the episode as an
 error carrying its stderr tail; its sandbox and its gateway key are released either way.
 """
 
@@ -25,6 +26,7 @@ from envhub.trainer.harness.tools import EnvTools
 
 MAX_TASK_CHARS = 100_000  #: ENVHUB_TASK is an environment variable: Linux caps one at 128 KiB
 TAIL_CHARS = 2000  #: how much of the program's stderr an error keeps
+SUBMIT = "submit"  #: an env with this tool that the program left running is submitted when the program exits
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class HarnessEnv:
         if error:
             return HarnessEpisode(reward=0.0, samples=None, error=error, stderr_tail=tail, **base)
         if tools is not None:  # the env stepped on each tool call; the program's output is not an action
+            if not tools.done and SUBMIT in tools.names:  # graded on what the program left (a SWE task's patch)
+                await tools.call(SUBMIT, {})
             reward, info = tools.reward, tools.info
         else:
             _, reward, _, _, info = await env.astep(action)

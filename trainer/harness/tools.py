@@ -22,6 +22,11 @@ class EnvTools:
         self.info: dict[str, Any] = {}
         self._lock = asyncio.Lock()  # a harness calling tools in parallel still steps the env one call at a time
 
+    @property
+    def names(self) -> set[str]:
+        """The tools' names."""
+        return {tool["name"] for tool in self.tools}
+
     def list(self) -> list[dict[str, Any]]:
         """The env's tools as MCP describes them."""
         return self.tools
