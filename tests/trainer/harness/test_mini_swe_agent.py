@@ -63,3 +63,40 @@ async def test_mini_swe_agent_fixes_a_swe_task_through_the_envs_bash_tool(tokeni
     assert trajectory.input_ids == call.prompt_ids + call.output_ids  # token for token what the engine produced
     sampled = [lp for lp, m in zip(trajectory.behavior_logprobs, trajectory.loss_mask) if m]
     assert sampled == call.logprobs and sum(trajectory.loss_mask) == len(answer)
+
+
+@pytest.mark.slow
+async def test_on_an_env_without_tools_its_commands_run_in_its_own_sandbox_and_the_submission_is_the_action(
+    tokenizer, base_rootfs
+):
+    """mini-swe-agent's LocalEnvironment runs the command in the harness's sandbox; what it submits is printed as
+    the env's action. Untaught it never submits and prints nothing (LiteLLM's own prints go to stderr): an error."""
+    from envhub.trainer.gateway.render import ChatRenderer
+    from envhub.trainer.harness import HarnessEnv
+    from envhub.trainer.harness.builtin import BUILTIN
+    from envhub.trainer.models import tiny_llama
+    from tests.trainer.harness.conftest import AddEnv
+
+    try:
+        BUILTIN["mini-swe-agent"].check()
+    except HarnessError as exc:
+        unavailable(str(exc))
+    env = AddEnv()
+    env.reset(seed=0)
+    model = tiny_llama(tokenizer, seed=0, hidden_size=128)
+    async with running_gateway(model, tokenizer, temperature=0.0, max_tokens_per_request=48) as gateway:
+
+        def harness(turns: int) -> HarnessEnv:
+            return HarnessEnv(
+                AddEnv, "mini-swe-agent", gateway, wall_clock_s=120, extra_env={"ENVHUB_MAX_TURNS": str(turns)}
+            )
+
+        untaught = await harness(1).play(seed=0)
+        assert "printed nothing" in untaught.error and len(untaught.calls) == 1
+        command = f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && expr {env.a} + {env.b}"
+        call = '<tool_call>\n{"name": "bash", "arguments": {"command": "' + command + '"}}\n</tool_call>'
+        answer = ChatRenderer(tokenizer).encode(call) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        teach(model, [untaught.calls[0].prompt_ids], answer)
+        episode = await harness(2).play(seed=0)
+    assert episode.error is None, (episode.error, episode.stderr_tail)
+    assert episode.action == str(env.a + env.b) and episode.reward == 1.0 and len(episode.calls) == 1

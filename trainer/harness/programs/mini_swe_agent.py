@@ -4,7 +4,7 @@ Its model is its LiteLLM model pointed at OPENAI_BASE_URL (`openai/<OPENAI_MODEL
 call); its task is ENVHUB_TASK. Where its commands run is mini-swe-agent's documented extension point, the
 environment class: with ENVHUB_MCP_URL (an env with tools, such as SWE-v0) each command is the env's `bash` tool,
 called over MCP, so it runs in the episode's own sandbox; otherwise mini-swe-agent's LocalEnvironment runs it here,
-in the harness's sandbox, and the submission (or the last reply) is printed last as the env's action.
+in the harness's sandbox, and the submission (else its last reply with text) is printed last as the env's action.
 
 Nothing is fetched: LiteLLM reads its bundled cost map (LITELLM_LOCAL_MODEL_COST_MAP) and cost tracking ignores the
 unknown model.
@@ -12,6 +12,7 @@ unknown model.
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import re
 import sys
@@ -97,16 +98,18 @@ def main() -> None:
     local = {"env": config.get("environment", {}).get("env", {}), "timeout": 60}
     env = McpBashEnvironment(url, os.environ["OPENAI_API_KEY"]) if url else LocalEnvironment(**local)
     agent_config = {**config.get("agent", {}), "step_limit": int(os.environ.get("ENVHUB_MAX_TURNS", "8"))}
-    agent_config.pop("mode", None), agent_config.pop("confirm_exit", None)  # the interactive agent's keys
     agent = DefaultAgent(model, env, **agent_config)
-    try:
-        result = agent.run(os.environ["ENVHUB_TASK"])
+    try:  # stdout carries the action alone: what LiteLLM or the agent print goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            result = agent.run(os.environ["ENVHUB_TASK"])
     finally:
         if url:
             env.close()
     print(f"mini-swe-agent: {result.get('exit_status')} after {agent.n_calls} model calls", file=sys.stderr)
-    answer = (result.get("submission") or "").strip() or (agent.messages[-1].get("content") or "").strip()
-    print(answer or result.get("exit_status") or "no answer")
+    replies = [m for m in agent.messages if m.get("role") == "assistant" and (m.get("content") or "").strip()]
+    answer = (result.get("submission") or "").strip() or (replies[-1]["content"].strip() if replies else "")
+    if answer:  # the action of an env without tools; with none, the episode is an error ("printed nothing")
+        print(answer)
 
 
 if __name__ == "__main__":
