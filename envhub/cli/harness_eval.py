@@ -26,15 +26,24 @@ MODEL_HELP = (
 )
 
 
+def vllm_spec(spec: str) -> tuple[str, str] | None:
+    """(URL, MODEL) of a `vllm:URL#MODEL` agent spec, None for any other spec; ConfigError for a malformed one."""
+    spec = spec.strip()
+    if not spec.startswith("vllm:"):
+        return None
+    url, _, model = spec.removeprefix("vllm:").partition("#")
+    if not url.startswith(("http://", "https://")) or not model:
+        raise ConfigError(f"--agent {spec!r} is not vllm:URL#MODEL", hint=MODEL_HELP)
+    return url, model
+
+
 def model_name(spec: str) -> str:
     """The model (for the tokenizer and the embedded engine) of an agent spec; ConfigError for specs the gateway
     cannot serve."""
     spec = spec.strip()
-    if spec.startswith("vllm:"):
-        url, _, model = spec.removeprefix("vllm:").partition("#")
-        if not url.startswith(("http://", "https://")) or not model:
-            raise ConfigError(f"--agent {spec!r} is not vllm:URL#MODEL", hint=MODEL_HELP)
-        return model_name(model)
+    vllm = vllm_spec(spec)
+    if vllm is not None:
+        return model_name(vllm[1])
     if spec in ("smollm2", "tiny"):
         return spec
     if spec.startswith("hf:") and spec.removeprefix("hf:"):
@@ -44,13 +53,12 @@ def model_name(spec: str) -> str:
 
 def open_engine(spec: str, api_key: str | None) -> tuple[Any, Any]:
     """The engine and tokenizer an agent spec names: a real vLLM server it attaches to, or an embedded engine."""
-    spec = spec.strip()
-    if spec.startswith("vllm:"):
+    vllm = vllm_spec(spec)
+    if vllm is not None:
         from envhub.trainer.engines.vllm.engine import VLLMEngine
         from envhub.trainer.models import load_tokenizer
 
-        url = spec.removeprefix("vllm:").partition("#")[0]
-        return VLLMEngine(url, api_key=api_key), load_tokenizer(model_name(spec))
+        return VLLMEngine(vllm[0], api_key=api_key), load_tokenizer(model_name(spec))
     from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 
     engine = EmbeddedEngine.from_pretrained(model_name(spec))
