@@ -48,6 +48,8 @@ class OtherLoad:
             return self._measure()
 
     def _measure(self) -> float:
+        if time.monotonic() - self._last[0] < self.interval_s:  # the other thread measured while this one waited
+            return self.cores
         now = cpu_times()
         wall = now[0] - self._last[0]
         if wall > 0:
