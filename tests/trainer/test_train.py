@@ -200,8 +200,10 @@ async def test_mean_reward_rises_clearly_in_forty_steps(tmp_path):
 
     def on_step(row: dict) -> None:  # the claim holds once shown: the rest of the 40 steps would only cost CI time
         rewards.append(row["batch_reward"])
-        if len(rewards) >= 6 and rise()[1] > rise()[0] + 0.08:
-            trainer.request_stop()
+        if len(rewards) >= 6:
+            early, late = rise()
+            if late > early + 0.08:
+                trainer.request_stop()
 
     trainer.on_step = on_step
     result = await trainer.run()
