@@ -15,6 +15,11 @@ a `MultiEngine` over several servers) and uses nothing but the contract: `genera
   ends it: every waiting call raises `EngineDown` naming the engine, so in-flight episodes end as engine errors
   (counted by `TaskErrors`) and the trainer stops with the checkpoint to resume from.
 A failure while the engine is healthy (a 400, a bad request) is the request's own and is raised as it is.
+
+With `failover=True` (one server among several behind a `MultiEngine`) nothing waits on this engine's outage:
+a call meeting one starts the recovery and raises `EngineUnavailable` at once, so the MultiEngine resubmits it
+on another server; a push during the outage is only remembered (the recovery pushes the latest one); and an
+outage past `max_outage_s` marks this server lost (`lost`) without stopping the run while others serve.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ class EngineDown(EngineError):
     """An inference engine that stopped answering for longer than the run allows."""
 
 
+class EngineUnavailable(EngineError):
+    """A failover engine in an outage: the call was not run there, and another engine should take it."""
+
+
 def engine_name(engine: Any) -> str:
     """The engine's URL(s), those of the servers inside a MultiEngine or an SGLangDeployment (its router, then its
     workers), or its class name for an in-process engine."""
@@ -53,8 +62,15 @@ def _urls(engine: Any) -> list[str]:
 class WatchedEngine(InferenceEngine):
     """`inner` with outages ridden out for up to `max_outage_s` seconds (see the module docstring)."""
 
-    def __init__(self, inner: InferenceEngine, max_outage_s: float, probe_interval_s: float = PROBE_INTERVAL_S):
+    def __init__(
+        self,
+        inner: InferenceEngine,
+        max_outage_s: float,
+        probe_interval_s: float = PROBE_INTERVAL_S,
+        failover: bool = False,
+    ):
         self.inner = inner
+        self.failover = failover
         self.max_outage_s = max_outage_s
         self.probe_interval_s = probe_interval_s
         self.outages = 0  #: outages met (each recovered or ended the run)
@@ -77,12 +93,17 @@ class WatchedEngine(InferenceEngine):
     async def generate(self, input_ids: list[int], sampling: SamplingParams, **kwargs: Any) -> GenerateResult:
         """Generate on the engine; through an outage, wait for it and resubmit (EngineDown when it stays down)."""
         while True:
+            self._fail_over_if_unavailable()
             await self._wait_for_recovery()
             try:
                 result = await self._unless_down(self.inner.generate(input_ids, sampling, **kwargs))
             except EngineDown:
+                if self.failover:
+                    raise EngineUnavailable(f"{engine_name(self.inner)} is lost") from None
                 raise
             except Exception as exc:
+                if self.failover and self.lost:  # e.g. a managed server that exited
+                    raise EngineUnavailable(f"{engine_name(self.inner)} is lost: {exc}") from exc
                 if not await self._outage(unreachable=isinstance(exc, EngineUnreachable)):
                     raise
                 self.resubmitted += 1
@@ -93,14 +114,24 @@ class WatchedEngine(InferenceEngine):
 
     async def update_weights(self, path_or_state: Any, version: int | None = None, **kwargs: Any) -> None:
         """Push weights (remembered: a restarted server gets them again); through an outage, the recovery pushes."""
+        push = (path_or_state, version, kwargs)
+        if self.failover and (self._recovering() or self.lost):
+            self._last_push = push  # the recovery pushes the latest; a lost server gets nothing more
+            return
         self.raise_if_failed()
         try:
-            await self._unless_down(self._push((path_or_state, version, kwargs)))
+            await self._unless_down(self._push(push))
         except EngineDown:
-            raise
-        except Exception as exc:
-            if not await self._outage(unreachable=isinstance(exc, EngineUnreachable)):
+            if not self.failover:
                 raise
+        except Exception as exc:
+            if self.failover and self.lost:
+                return
+            try:
+                if not await self._outage(unreachable=isinstance(exc, EngineUnreachable)):
+                    raise
+            except EngineUnavailable:  # failover: remembered, and pushed by the recovery it started
+                self._last_push = push
 
     async def pause(self, **kwargs: Any) -> None:
         await self.inner.pause(**kwargs)
@@ -116,6 +147,32 @@ class WatchedEngine(InferenceEngine):
         if self._down is not None:
             raise self._down
         self.inner.raise_if_failed()
+
+    @property
+    def available(self) -> bool:
+        """Whether calls run on this engine now: no outage being ridden out, not lost."""
+        return self._down is None and not self._recovering()
+
+    @property
+    def lost(self) -> bool:
+        """Whether this engine is gone for the rest of the run (an outage outlasted max_outage_s, or it failed)."""
+        if self._down is not None:
+            return True
+        try:
+            self.inner.raise_if_failed()
+        except Exception:
+            return True
+        return False
+
+    async def recovered(self) -> None:
+        """Return once the outage being ridden out is over (at once when there is none); never raises."""
+        if self._recovering():
+            assert self._recovery is not None
+            await asyncio.wait([self._recovery])
+
+    def _fail_over_if_unavailable(self) -> None:
+        if self.failover and (not self.available or self.lost):
+            raise EngineUnavailable(f"{engine_name(self.inner)} is {'lost' if self.lost else 'recovering'}")
 
     def metrics(self) -> dict[str, float]:
         """Outages, resubmitted calls and seconds spent waiting, for the step's metrics row (empty when none)."""
@@ -181,6 +238,8 @@ class WatchedEngine(InferenceEngine):
             if not self._recovering():  # another call may have started one while this one probed
                 self._start_recovery()
         assert self._recovery is not None
+        if self.failover:  # another engine takes the call; this one recovers on its own
+            raise EngineUnavailable(f"{engine_name(self.inner)} stopped answering")
         await asyncio.shield(self._recovery)
         return True
 
@@ -223,12 +282,14 @@ class WatchedEngine(InferenceEngine):
 
     async def _repush(self, timeout: float) -> bool:
         """Give a restarted engine the latest weights; False while it cannot take them yet."""
-        if self._last_push is None:
-            return True
-        try:  # bounded: a push stuck on a hung server must not outlast max_outage_s
-            await asyncio.wait_for(self._push(self._last_push), timeout)
-        except Exception:
-            return False
+        while self._last_push is not None:
+            push = self._last_push
+            try:  # bounded: a push stuck on a hung server must not outlast max_outage_s
+                await asyncio.wait_for(self._push(push), timeout)
+            except Exception:
+                return False
+            if self._last_push is push:  # else a newer push came (and was only remembered) meanwhile: send it
+                return True
         return True
 
     async def _watch_forever(self) -> None:
@@ -236,5 +297,7 @@ class WatchedEngine(InferenceEngine):
             await asyncio.sleep(self.probe_interval_s)
             try:
                 await self._outage()  # nothing happens while the engine is healthy
+            except EngineUnavailable:  # failover: the recovery it started runs on its own
+                await self.recovered()
             except Exception:  # EngineDown or a fatal error: kept for raise_if_failed, the trainer stops on it
                 return
