@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,32 +55,70 @@ def _healthy(url: str) -> bool:
         return False
 
 
+@dataclass
+class ServedVLLM:
+    """One `serve-engine --backend vllm` process a test started (None: the server of $ENVHUB_VLLM_URL)."""
+
+    url: str
+    process: subprocess.Popen | None = None
+
+    def stop(self) -> None:
+        """SIGTERM the CLI, which stops the vLLM process group it started; wait for it."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@contextmanager
+def serve_engines_vllm(count: int, *args: str, timeout: float = 900.0) -> Iterator[list[ServedVLLM]]:
+    """Run `count` servers `envhub serve-engine --backend vllm ARGS` side by side (they start in parallel: two
+    take ~75 s here against ~55 s for one); the first is $ENVHUB_VLLM_URL's when that is set."""
+    served: list[ServedVLLM] = []
+    if os.environ.get(URL_ENV):
+        served.append(ServedVLLM(os.environ[URL_ENV].rstrip("/")))
+    if len(served) < count:
+        require_vllm()
+    from envhub.trainer.engines.launcher import free_port
+
+    logs = []
+    try:
+        while len(served) < count:
+            port = free_port()
+            log = tempfile.NamedTemporaryFile(prefix="envhub-serve-vllm-", suffix=".log", delete=False)
+            logs.append(log.name)
+            command = [
+                sys.executable,
+                "-m",
+                "envhub.cli.main",
+                "serve-engine",
+                "--backend",
+                "vllm",
+                "--port",
+                str(port),
+            ]
+            process = subprocess.Popen([*command, *args], stdout=log, stderr=subprocess.STDOUT)
+            served.append(ServedVLLM(f"http://127.0.0.1:{port}", process))
+        deadline = time.monotonic() + timeout
+        for server, log_name in zip([s for s in served if s.process is not None], logs):
+            while not _healthy(server.url):
+                if server.process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"serve-engine --backend vllm did not come up:\n{Path(log_name).read_text()[-3000:]}")
+                time.sleep(1.0)
+        yield served
+    finally:
+        for server in served:
+            server.stop()
+        for log_name in logs:
+            os.unlink(log_name)
+
+
 @contextmanager
 def serve_engine_vllm(*args: str, timeout: float = 900.0) -> Iterator[str]:
     """Run `envhub serve-engine --backend vllm ARGS` (or use $ENVHUB_VLLM_URL); yields the server's URL."""
-    if os.environ.get(URL_ENV):
-        yield os.environ[URL_ENV].rstrip("/")
-        return
-    require_vllm()
-    from envhub.trainer.engines.launcher import free_port
-
-    port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="envhub-serve-vllm-", suffix=".log", delete=False)
-    command = [sys.executable, "-m", "envhub.cli.main", "serve-engine", "--backend", "vllm", "--port", str(port)]
-    process = subprocess.Popen([*command, *args], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"serve-engine --backend vllm did not come up:\n{Path(log.name).read_text()[-3000:]}")
-            time.sleep(1.0)
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)  # the CLI stops the vLLM process group it started
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        os.unlink(log.name)
+    with serve_engines_vllm(1, *args, timeout=timeout) as served:
+        yield served[0].url

@@ -104,15 +104,16 @@ class EngineConfig:
     startup_timeout_s: float = 900.0  #: vllm: seconds a launched server may take to answer /health
     admin_api_key: str = ""  #: the server's --admin-api-key (weight, pause and abort routes then need it)
     tp_size: int = 1  #: tensor-parallel GPUs of each SGLang server
-    weight_sync: Literal["disk", "tensor", "nccl"] = (
-        "disk"  #: kind sglang: how pushes travel: a saved directory, CUDA IPC tensors (colocated), an NCCL group
+    weight_sync: Literal["disk", "tensor", "nccl", "http"] = (
+        "disk"  #: how pushes travel: a saved directory; sglang: CUDA IPC tensors, an NCCL group; vllm: http (fetched)
     )
+    servers: int = 1  #: kind vllm without engine.url: servers to launch (episodes spread over them)
     tensor_format: Literal["sglang", "safetensors"] = (
         "sglang"  #: weight_sync tensor: SGLang's CUDA IPC pickles, or safetensors (envhub serve-engine)
     )
     bucket_mb: float = 512.0  #: weight_sync tensor / nccl: most megabytes per update request
     group_backend: Literal["nccl", "gloo"] = "nccl"  #: weight_sync nccl: the group's backend (gloo: CPU, tests)
-    group_address: str = "127.0.0.1"  #: weight_sync nccl: the trainer's address as the servers reach it
+    group_address: str = "127.0.0.1"  #: weight_sync nccl / http: the trainer's address as the servers reach it
 
 
 @dataclass

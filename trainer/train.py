@@ -23,7 +23,7 @@ import torch
 from envhub.errors import ConfigError
 from envhub.inference import InferenceEngine
 from envhub.trainer.config import TrainConfig, config_to_dict
-from envhub.trainer.engines import WatchedEngine, engine_kind
+from envhub.trainer.engines import MultiEngine, WatchedEngine, engine_kind
 from envhub.trainer.engines.embedded import releasing_openmp, served_dtype
 from envhub.trainer.engines.weights import load_state
 from envhub.trainer.evaluation import BeforeAfter
@@ -404,7 +404,7 @@ class Trainer:
             "time": time.time(),  # wall clock, as in episodes.jsonl: time - elapsed_s is when the run started
             **cpu_used(run.cpu_start, cpu_times()),  # since the run was prepared: the trainer's and the machine's
             **run.errors.metrics(),
-            **(self.engine.metrics() if isinstance(self.engine, WatchedEngine) else {}),
+            **(self.engine.metrics() if isinstance(self.engine, (WatchedEngine, MultiEngine)) else {}),
             "tasks": run.recorder.task_metrics(),
         }
 

@@ -53,12 +53,20 @@ def tiny_model(tokenizer):
 
 
 @pytest.fixture(scope="session")  # one start per run, shared by every test that needs vLLM (xdist_group "vllm")
-def vllm_url():
-    """A real vLLM server (`serve-engine --backend vllm --model tiny`, API key TINY_KEY) on 127.0.0.1."""
-    from tests.vllm_support import TINY_KEY, serve_engine_vllm
+def vllm_servers():
+    """Two real vLLM servers (`serve-engine --backend vllm --model tiny`, API key TINY_KEY) on 127.0.0.1, started
+    side by side: the first is every vLLM test's (`vllm_url`), the second only the several-engine run's, which
+    stops it (starting it with the first costs ~20 s of the suite, alone ~55 s)."""
+    from tests.vllm_support import TINY_KEY, serve_engines_vllm
 
-    with serve_engine_vllm("--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", TINY_KEY) as url:
-        yield url
+    with serve_engines_vllm(2, "--model", "tiny", "--rl-routes", "--kv-cache-gib", "1", "--api-key", TINY_KEY) as both:
+        yield both
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_servers):
+    """The real vLLM server every vLLM test shares (tiny, API key TINY_KEY)."""
+    return vllm_servers[0].url
 
 
 @pytest.fixture

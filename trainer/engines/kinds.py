@@ -34,7 +34,7 @@ _BUNDLED = {
 }
 _ALIASES = {"local": "embedded"}  # configs in the wild say `kind: local` for the embedded engine
 _registered: dict[str, EngineKind] = {}
-#: engine keys that only SGLang's kind reads, with their neutral values
+#: engine keys that only SGLang's kind reads, with their neutral values (a kind lists those it reads too in `reads`)
 _SGLANG_ONLY = {"launch": None, "router_url": "", "weight_sync": "disk"}
 
 
@@ -46,11 +46,15 @@ class EngineKind:
     aliases: ClassVar[tuple[str, ...]] = ()
     #: serves in the trainer's process: no server to die, weights handed over as tensors in place
     in_process: ClassVar[bool] = False
+    #: keys of _SGLANG_ONLY this kind reads (and checks) itself
+    reads: ClassVar[tuple[str, ...]] = ()
 
     def check(self, config: Any) -> None:
         """Raise ConfigError for settings of `config` (a TrainConfig) this kind cannot honour."""
         engine = config.engine
-        stray = [key for key, neutral in _SGLANG_ONLY.items() if getattr(engine, key) != neutral]
+        stray = [
+            key for key, neutral in _SGLANG_ONLY.items() if key not in self.reads and getattr(engine, key) != neutral
+        ]
         if stray:
             raise ConfigError(
                 f"engine.{', engine.'.join(stray)} {'is' if len(stray) == 1 else 'are'} for kind: sglang, "
@@ -104,6 +108,14 @@ class EngineKind:
             f"Ray rollouts with engine.kind {self.name} are not supported",
             hint="play episodes in the trainer's process (no --ray), or use engine.kind embedded or sglang",
         )
+
+    def worker_client(self, urls: str, *, api_key: str | None, max_outage_s: float) -> InferenceEngine:
+        """The engine a Ray rollout worker generates through, given `worker_endpoint`'s URLs: by default clients
+        of the SGLang-compatible API (several URLs routed least-loaded), riding out outages."""
+        from envhub.trainer.engines.routing import http_engines
+        from envhub.trainer.engines.watch import WatchedEngine
+
+        return WatchedEngine(http_engines(urls, api_key=api_key), max_outage_s)
 
     def processes(self, config: Any, cuda: bool) -> list[EngineProcess]:
         """Where this kind's processes run (`envhub train --dry-run`): `trainer.engines.placement.EngineProcess`es;

@@ -5,8 +5,9 @@ sends each episode of a group to the least-loaded `EnvWorker`; an actor runs man
 asyncio tasks, each with its own env, and returns finished `Trajectory` objects. When an actor dies
 (`RayActorError`), the driver starts a new one in its slot and resubmits the episodes that were running
 there; trajectories already returned are kept. What the workers generate through is the engine kind's
-`worker_endpoint`: the driver serves an in-process engine (the embedded one) over the SGLang-compatible HTTP API;
-SGLang's workers call its router or servers (several comma-separated URLs are routed least-loaded by each worker).
+`worker_endpoint` and its `worker_client`: the driver serves an in-process engine (the embedded one) over the
+SGLang-compatible HTTP API; SGLang's workers call its router or servers (several comma-separated URLs are routed
+least-loaded by each worker); vLLM's workers call the run's vLLM servers, failing over between them when one dies.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import envhub
 from envhub.errors import EngineError
 from envhub.trainer.config import RolloutConfig, TaskConfig, TrainConfig
-from envhub.trainer.engines import engine_kind, http_engines
+from envhub.trainer.engines import engine_kind
 from envhub.trainer.rollout.sources import EpisodeCallback, keep_first_finished
 from envhub.trainer.trajectory import Trajectory
 from envhub.user_modules import load_user_modules
@@ -68,8 +69,8 @@ class EnvWorker:
         api_key: str | None = None,
         max_outage_s: float = 300.0,
         imports: tuple[str, ...] = (),
+        engine_kind_name: str = "embedded",
     ) -> None:
-        from envhub.trainer.engines import WatchedEngine
         from envhub.trainer.models import load_tokenizer
         from envhub.trainer.rollout.tasks import env_factory
         from envhub.trainer.rollout.worker import RolloutWorker
@@ -80,8 +81,10 @@ class EnvWorker:
             if env_id not in known:
                 envhub.register(env_id, entry)
         self._env_factory = env_factory
-        # an engine server that dies mid-run is waited for and the episode's request resubmitted, as in the driver
-        self.engine = WatchedEngine(http_engines(engine_urls, api_key=api_key), max_outage_s)
+        # an engine server that dies mid-run is waited for (or failed over) and the request resubmitted, as in the
+        # driver; the kind is looked up after the imports, which may register it
+        kind = engine_kind(engine_kind_name)
+        self.engine = kind.worker_client(engine_urls, api_key=api_key, max_outage_s=max_outage_s)
         self.worker = RolloutWorker(self.engine, load_tokenizer(tokenizer_name), rollout)
         self.factories: dict[str, Any] = {}
 
@@ -123,6 +126,7 @@ class RayRolloutSource:
             api_key,
             config.engine.max_outage_s,
             tuple(config.imports),
+            engine_kind(config.engine.kind).name,
         )
         self._actor_cls = ray.remote(EnvWorker)
         self.actors = [self._new_actor() for _ in range(options.workers)]

@@ -178,6 +178,8 @@ class RolloutWorker:
                 "engine_finish": result.finish_reason,
                 "anchor": anchor,
             }
+            if "engine_url" in result.meta:  # several servers: the one that generated this turn
+                turn["engine"] = result.meta["engine_url"]
             state.turn_log.append(turn)
             versions = getattr(result, "token_versions", None) or [result.weight_version] * len(result.output_ids)
             span_start = len(state.ids)

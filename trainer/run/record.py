@@ -116,6 +116,8 @@ class EpisodeRecorder:
             "generate_s": round(sum(e.get("generate_s", 0.0) for e in t.turn_log), 4),
             "env_s": round(sum(e.get("env_s", 0.0) for e in t.turn_log), 4),
             "env_info": t.env_info,
+            # the servers that generated its turns, when a run has several (one, unless a server died mid-episode)
+            **({"engines": engines} if (engines := _engines(t.turn_log)) else {}),
             "log": turns,
             "time": time.time(),
         }
@@ -321,3 +323,8 @@ def from_eval_record(record: dict[str, Any]) -> dict[str, Any]:
         "env_info": error,
         "log": log,
     }
+
+
+def _engines(turn_log: list[dict[str, Any]]) -> list[str]:
+    """The engines that served an episode's turns, in the order they first did."""
+    return list(dict.fromkeys(e["engine"] for e in turn_log if e.get("engine")))

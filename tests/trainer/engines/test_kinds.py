@@ -80,8 +80,12 @@ def test_a_kind_needs_a_usable_name_that_is_not_taken():
 def test_a_kind_refuses_what_it_cannot_do():
     with pytest.raises(ConfigError, match="for kind: sglang, not kind: embedded"):
         config_from_dict({"tasks": [{"env": "Math-v0"}], "engine": {"kind": "embedded", "router_url": "http://x"}})
-    with pytest.raises(EngineError, match="Ray rollouts with engine.kind vllm are not supported"):
-        asyncio.run(engine_kind("vllm").worker_endpoint(None, host="h", bind="b", api_key=None))
+    class NoWorkers(EngineKind):
+        name = "no-workers"
+
+    with pytest.raises(EngineError, match="Ray rollouts with engine.kind no-workers are not supported"):
+        asyncio.run(NoWorkers().worker_endpoint(None, host="h", bind="b", api_key=None))
+    assert not NoWorkers().serves_workers() and all(engine_kind(k).serves_workers() for k in ("embedded", "vllm"))
     with pytest.raises(EngineError, match="cannot serve engine kind sglang") as caught:
         engine_kind("sglang").serve(None)
     assert "--backend embedded or vllm" in caught.value.hint

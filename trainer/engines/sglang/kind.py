@@ -28,6 +28,11 @@ class SGLangKind(EngineKind):
                 "engine.kind sglang needs engine.url (running servers) or engine.launch (start SGLang)",
                 hint="e.g. url: http://127.0.0.1:30000, or launch: {num_servers: 1}",
             )
+        if engine.weight_sync == "http":
+            raise ConfigError(
+                "engine.weight_sync http is kind vllm's (its servers fetch the weights over HTTP)",
+                hint="with SGLang and no shared disk use weight_sync: nccl (or tensor for colocated servers)",
+            )
         if engine.tp_size < 1 or engine.bucket_mb <= 0:
             raise ConfigError(
                 f"engine.tp_size must be >= 1 and bucket_mb > 0, got {engine.tp_size}, {engine.bucket_mb}"

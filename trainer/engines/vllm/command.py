@@ -28,6 +28,10 @@ HERMES_TEMPLATE = TEMPLATES / "hermes_tools.jinja"
 # head size loads, then kills the engine at the first forward pass.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 TINY_HEADS = 2  # the "tiny" model vLLM serves: hidden 64 / 2 heads = head_dim 32
+# envhub's worker extension (weights fetched over HTTP, trainer/engines/vllm/weight_server.py): this folder goes on
+# the server's PYTHONPATH and the class is named by --worker-extension-cls
+EXTENSION_DIR = Path(__file__).parent / "worker_extension"
+EXTENSION_CLS = "envhub_vllm_weights.WeightFetcher"
 
 
 def _candidates() -> list[Path]:
@@ -105,6 +109,8 @@ class VLLMServerArgs:
             args += ["--api-key", self.api_key]
         if self.max_num_seqs:
             args += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.rl_routes:  # /collective_rpc "envhub_fetch_weights": pushes without a shared disk
+            args += ["--worker-extension-cls", EXTENSION_CLS]
         if self.tool_template:
             args += [
                 "--chat-template",
@@ -127,6 +133,8 @@ class VLLMServerArgs:
         env["VLLM_SERVER_DEV_MODE"] = "1" if self.rl_routes else "0"
         env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
         env["PATH"] = f"{python.parent}:{env.get('PATH', '')}"
+        if self.rl_routes:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(EXTENSION_DIR), env.get("PYTHONPATH", "")) if p)
         return env
 
 

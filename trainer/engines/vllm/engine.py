@@ -12,6 +12,10 @@ requests come back `finish_reason: abort` with their partial tokens and are resu
 tokens appended, so every token keeps the version that produced it; `keep` freezes them in place (the
 pause resets vLLM's caches, so they recompute their KV under the new weights on resume and go on without being
 resubmitted) and `wait` lets them finish first.
+
+With a `WeightServer` (engine.weight_sync: http) a pushed state dict is not written where the server reads it:
+the trainer serves it over HTTP and the server's workers fetch it (`envhub_fetch_weights`, envhub's worker
+extension), so a server on another host needs no shared filesystem.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from envhub.trainer.engines.launcher import ManagedServer, free_port, module_com
 from envhub.trainer.engines.resubmit import resubmit_until_done
 from envhub.trainer.engines.sglang.client import span_versions
 from envhub.trainer.engines.vllm.command import SERVER_MODULE, VLLMServerArgs, vllm_python, vllm_sampling
+from envhub.trainer.engines.vllm.weight_server import WeightServer
 from envhub.trainer.engines.vllm.weights import check_weights_dir, served_model_dir, write_safetensors
 
 VLLMPauseMode = Literal["abort", "keep", "wait"]
@@ -76,6 +81,7 @@ class VLLMEngine(InferenceEngine):
         retries: int = 3,
         max_resubmits: int = 32,
         owned_paths: tuple[Path, ...] = (),
+        weight_server: WeightServer | None = None,
     ) -> None:
         if pause_mode not in PAUSE_MODES:
             raise EngineError(f"unknown pause_mode {pause_mode!r}", hint=f"use one of {', '.join(PAUSE_MODES)}")
@@ -89,6 +95,8 @@ class VLLMEngine(InferenceEngine):
         self.version = 0
         self.pushes: list[PushTiming] = []
         self._owned_paths = owned_paths
+        self.weight_server = weight_server  #: state-dict pushes are fetched from it over HTTP (shared)
+        self.owns_weight_server = False  #: this engine's close stops the weight server (one engine of a run does)
         self._session: aiohttp.ClientSession | None = None
         self._active: dict[str, str] = {}  # envhub rid -> the vLLM request id of its current submission
         self._user_aborted: set[str] = set()
@@ -178,6 +186,8 @@ class VLLMEngine(InferenceEngine):
             await asyncio.to_thread(self.server.stop)
         for path in self._owned_paths:
             await asyncio.to_thread(shutil.rmtree, path, True)
+        if self.owns_weight_server and self.weight_server is not None:
+            await self.weight_server.stop()
 
     # -- HTTP ---------------------------------------------------------------------------------------
     def _client(self) -> aiohttp.ClientSession:
@@ -319,18 +329,25 @@ class VLLMEngine(InferenceEngine):
         async with self._push_lock:
             started = time.perf_counter()
             written: Path | None = None
-            if isinstance(path_or_state, Mapping):
-                written = await asyncio.to_thread(write_safetensors, path_or_state)
-                path = written
-            elif isinstance(path_or_state, (str, Path)):
-                path = Path(path_or_state)
+            if isinstance(path_or_state, Mapping) and self.weight_server is not None:
+                url = await self.weight_server.publish(version, path_or_state)
+                rpc = {"method": "envhub_fetch_weights", "kwargs": {"url": url, "token": self.weight_server.token}}
+                source = url
+            elif isinstance(path_or_state, (str, Path, Mapping)):
+                if isinstance(path_or_state, Mapping):
+                    written = await asyncio.to_thread(write_safetensors, path_or_state)
+                path = written or Path(path_or_state)
+                # a failed in-place reload leaves vLLM's model unusable: refuse before it starts
+                check_weights_dir(path)
+                rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+                source = str(path)
             else:
                 raise EngineError(
                     "update_weights takes a directory of safetensors or a state dict",
                     hint="save the policy with save_pretrained(dir) and pass the directory",
                 )
             try:
-                timing = await self._reload(path, version, time.perf_counter() - started)
+                timing = await self._reload(rpc, source, version, time.perf_counter() - started)
             finally:
                 if written is not None:
                     await asyncio.to_thread(shutil.rmtree, written, True)
@@ -338,23 +355,20 @@ class VLLMEngine(InferenceEngine):
             self.pushes.append(timing)
             self.version = version
 
-    async def _reload(self, path: Path, version: int, write_s: float) -> PushTiming:
-        check_weights_dir(path)  # a failed in-place reload leaves vLLM's model unusable: refuse before it starts
+    async def _reload(self, rpc: dict[str, Any], source: str, version: int, write_s: float) -> PushTiming:
         t0 = time.perf_counter()
         await self.pause()
         t1 = time.perf_counter()
         try:
-            reply = await self._post(
-                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
-            )
+            reply = await self._post("/collective_rpc", rpc)
             if not isinstance(reply, dict) or "results" not in reply:
-                raise EngineError(f"reload_weights from {path} answered {reply}")
+                raise EngineError(f"{rpc['method']} from {source} answered {reply}")
         except EngineError as exc:
             if self.server is not None:  # its weights are half-loaded: stop it so no request hangs or gets garbage
                 await asyncio.to_thread(self.server.stop)
                 raise EngineError(
-                    f"vLLM failed to load weights from {path}; the server was stopped (an in-place reload that fails "
-                    f"leaves the model unusable): {exc}",
+                    f"vLLM failed to load weights from {source}; the server was stopped (an in-place reload that "
+                    f"fails leaves the model unusable): {exc}",
                     hint="check the weight names and shapes against the served model",
                 ) from exc
             await self.resume()
@@ -367,6 +381,21 @@ class VLLMEngine(InferenceEngine):
             await self.resume()
         t3 = time.perf_counter()
         return PushTiming(version, write_s, t1 - t0, t2 - t1, t3 - t2, t3 - t0, 0.0)
+
+    async def check_weight_fetch(self) -> None:
+        """EngineError naming the fix unless the server runs envhub's worker extension (weights over HTTP)."""
+        from envhub.trainer.engines.vllm.command import EXTENSION_CLS, EXTENSION_DIR
+
+        try:
+            reply = await self._post("/collective_rpc", {"method": "envhub_extension"})
+        except EngineError as exc:
+            raise EngineError(
+                f"the vLLM server at {self.url} cannot fetch weights over HTTP (engine.weight_sync: http): {exc}",
+                hint=f"start it with --worker-extension-cls {EXTENSION_CLS} and {EXTENSION_DIR} on its PYTHONPATH "
+                "(envhub serve-engine --backend vllm --rl-routes does both)",
+            ) from exc
+        if not isinstance(reply, dict) or not reply.get("results"):
+            raise EngineError(f"the vLLM server at {self.url} answered {reply} to envhub_extension")
 
     async def weight_version(self) -> str:
         """The server's current weight-version label (GET /weight_info)."""

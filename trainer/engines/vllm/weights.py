@@ -39,12 +39,17 @@ def served_model_dir(model: str) -> Path:
 
 def write_safetensors(state: Mapping[str, Any], root: Path = SHM_DIR) -> Path:
     """Write a state dict as one safetensors file in a fresh directory (in RAM under /dev/shm when it exists)."""
-    import torch
     from safetensors.torch import save_file
 
     base = root if root.is_dir() else Path(tempfile.gettempdir())
     directory = Path(tempfile.mkdtemp(prefix=f"envhub-weights-{os.getpid()}-", dir=base))
-    tensors: dict[str, torch.Tensor] = {}
+    save_file(plain_tensors(state), str(directory / "model.safetensors"))
+    return directory
+
+
+def plain_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state dict as safetensors stores it: CPU, contiguous, no two names sharing storage (tied weights copied)."""
+    tensors: dict[str, Any] = {}
     seen: set[int] = set()
     for name, tensor in state.items():
         data = tensor.detach().to("cpu").contiguous()
@@ -52,8 +57,7 @@ def write_safetensors(state: Mapping[str, Any], root: Path = SHM_DIR) -> Path:
             data = data.clone()
         seen.add(data.data_ptr())
         tensors[name] = data
-    save_file(tensors, str(directory / "model.safetensors"))
-    return directory
+    return tensors
 
 
 def check_weights_dir(path: Path) -> None:
