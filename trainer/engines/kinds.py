@@ -101,9 +101,10 @@ class EngineKind:
     async def worker_endpoint(
         self, engine: Any, *, host: str, bind: str, api_key: str | None
     ) -> tuple[str, Any | None]:
-        """What rollout workers in other processes (Ray actors) generate through: comma-separated base URLs of
-        SGLang's native API, and a server this call started (the caller stops it) or None. The embedded kind serves
-        its engine over the SGLang-compatible HTTP API on `bind`, reached at `host` (`server.app.serve_to_workers`)."""
+        """What rollout workers in other processes (Ray actors) generate through: comma-separated base URLs that
+        the kind's `worker_client` speaks to (SGLang's native API by default, vLLM's for kind vllm), and a server
+        this call started (the caller stops it) or None. The embedded kind serves its engine over the
+        SGLang-compatible HTTP API on `bind`, reached at `host` (`server.app.serve_to_workers`)."""
         raise EngineError(
             f"Ray rollouts with engine.kind {self.name} are not supported",
             hint="play episodes in the trainer's process (no --ray), or use engine.kind embedded or sglang",
