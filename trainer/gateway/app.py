@@ -101,12 +101,16 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
 
-    def open_episode(self, token_budget: int | None = None, tools: EpisodeTools | None = None) -> EpisodeHandle:
+    def open_episode(
+        self, token_budget: int | None = None, tools: EpisodeTools | None = None, sampling_key: str | None = None
+    ) -> EpisodeHandle:
         """A new episode and the handle its harness uses (base URL, fresh API key, model name); `tools`, when
-        given, are served to it over MCP at /mcp."""
+        given, are served to it over MCP at /mcp. With `sampling_key` (rollout.seeded) its i-th call samples from
+        its own generator, seeded by the key and i as the rollout loop's turns are, whatever seed the program
+        sends: the episode no longer depends on how the engine batched it."""
         if not self.url:
             raise EngineError("the gateway is not serving", hint="await gateway.start() first")
-        episode, key = self.book.open(token_budget or self.config.episode_token_budget, tools)
+        episode, key = self.book.open(token_budget or self.config.episode_token_budget, tools, sampling_key)
         return EpisodeHandle(episode.episode_id, self.url, key, self.config.model_name, mcp=tools is not None)
 
     def close_episode(self, handle: EpisodeHandle) -> list[RecordedCall]:
@@ -211,6 +215,10 @@ class Gateway:
         episode = request[EPISODE]
         sampling = self.sampling(body, episode, len(prompt.ids))
         index = self.book.reserve(episode, sampling.max_new_tokens)
+        if episode.sampling_key is not None:
+            from envhub.trainer.rollout.worker import sampling_seed
+
+            sampling = dataclasses.replace(sampling, seed=sampling_seed(episode.sampling_key, index))
         started = time.monotonic()
         episode_key.set(episode.episode_id)  # an episode's calls stay on one engine (its prefix cache)
         try:

@@ -97,6 +97,7 @@ class Episode:
     started: int = 0  # calls begun (a call's index is its order of arrival)
     closed: bool = False
     tools: Any = None  # the episode's EpisodeTools served at /mcp (gateway.mcp), or None
+    sampling_key: str | None = None  # when set, call i samples with the seed sampling_seed(sampling_key, i)
     render_cache: Any = None  # written by ChatRenderer only: its prompt state after the last spliced turn
     opened_at: float = field(default_factory=time.monotonic)
 
@@ -127,10 +128,12 @@ class EpisodeBook:
     def _digest(key: str) -> bytes:
         return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
-    def open(self, token_budget: int, tools: Any = None) -> tuple[Episode, str]:
+    def open(self, token_budget: int, tools: Any = None, sampling_key: str | None = None) -> tuple[Episode, str]:
         """A new episode with a fresh random API key (returned once, stored only as its digest)."""
         key = KEY_PREFIX + secrets.token_urlsafe(32)
-        episode = Episode(uuid.uuid4().hex[:16], self._digest(key), token_budget, tools=tools)
+        episode = Episode(
+            uuid.uuid4().hex[:16], self._digest(key), token_budget, tools=tools, sampling_key=sampling_key
+        )
         self._episodes[episode.digest] = episode
         return episode, key
 

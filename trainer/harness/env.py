@@ -103,8 +103,11 @@ class HarnessEnv:
         self.wall_clock_s, self.token_budget = wall_clock_s, token_budget
         self.extra_env = dict(extra_env or {})
 
-    async def play(self, seed: int | None = None, *, group_id: str = "") -> HarnessEpisode:
-        """One episode: reset the env, run the program, step the env with its last line, close everything."""
+    async def play(
+        self, seed: int | None = None, *, group_id: str = "", sampling_key: str | None = None
+    ) -> HarnessEpisode:
+        """One episode: reset the env, run the program, step the env with its last line, close everything.
+        `sampling_key` seeds the episode's model calls (`Gateway.open_episode`)."""
         env = self._make()
         try:
             obs, info = await env.areset(seed=seed)
@@ -115,14 +118,20 @@ class HarnessEnv:
                     f"the task text is {len(task)} characters, over ENVHUB_TASK's {MAX_TASK_CHARS}",
                     hint="shorten the env's system prompt or first observation",
                 )
-            return await self._run(env, task, seed, group_id, tools)
+            return await self._run(env, task, seed, group_id, tools, sampling_key)
         finally:
             await env.aclose()
 
     async def _run(
-        self, env: AgentEnv, task: str, seed: int | None, group_id: str, tools: EnvTools | None
+        self,
+        env: AgentEnv,
+        task: str,
+        seed: int | None,
+        group_id: str,
+        tools: EnvTools | None,
+        sampling_key: str | None,
     ) -> HarnessEpisode:
-        handle = self.gateway.open_episode(self.token_budget, tools)
+        handle = self.gateway.open_episode(self.token_budget, tools, sampling_key)
         started = time.monotonic()
         try:
             result = await self.runner.run(

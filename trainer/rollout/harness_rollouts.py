@@ -71,16 +71,21 @@ class HarnessRollouts:
                 self._started = True
         harness = self.harness(task)
         episodes = [
-            self._episode(harness, task, seed, group_id) for _ in range(self.config.group_size + self.config.redundancy)
+            self._episode(harness, task, seed, group_id, index)
+            for index in range(self.config.group_size + self.config.redundancy)
         ]
         kept = await keep_first_finished(episodes, self.config.group_size, ok=lambda samples: bool(samples))
         return [sample for samples in kept for sample in samples] if kept is not None else None
 
-    async def _episode(self, harness: HarnessEnv, task: TaskConfig, seed: int, group_id: str) -> list[Trajectory]:
-        """One episode's samples ([] when it failed); the record sees it once, as `episode_record` makes it."""
+    async def _episode(
+        self, harness: HarnessEnv, task: TaskConfig, seed: int, group_id: str, index: int
+    ) -> list[Trajectory]:
+        """One episode's samples ([] when it failed); the record sees it once, as `episode_record` makes it. With
+        rollout.seeded its calls are seeded as the rollout loop's turns are (task, seed, group, index, call)."""
         started = time.monotonic()
+        key = f"{task.env}|{seed}|{group_id}|{index}" if self.config.seeded else None
         try:
-            episode = await harness.play(seed, group_id=group_id)
+            episode = await harness.play(seed, group_id=group_id, sampling_key=key)
         except asyncio.CancelledError:  # a spare cut by its group: recorded, like the rollout loop's
             self._record(failed(task, seed, group_id, "cancelled", {}, time.monotonic() - started))
             raise

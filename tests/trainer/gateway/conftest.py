@@ -41,6 +41,33 @@ def teach(model, prompts: list[list[int]], answer: list[int], margin: float = 50
         model.lm_head.weight[tokens] = rows.to(model.lm_head.weight.dtype)
 
 
+def teach_either(model, taught: list[tuple[list[int], list[list[int]]]], margin: float = 50.0) -> None:
+    """As `teach`, for (prompt, answers) pairs fitted together: where a prompt's answers agree so far, each
+    position's tokens are tied at +margin, so sampling at temperature 1 picks each answer with its share of the ties'
+    chances (two answers parting at one token: one half each). An env whose reward tells the answers apart then gives
+    a GRPO group reward variance; a prompt with one answer is taught that answer, as `teach` does."""
+    with torch.no_grad():
+        hidden = torch.cat(
+            [
+                model.model(torch.tensor([prompt + answer])).last_hidden_state[0, len(prompt) - 1 : -1]
+                for prompt, answers in taught
+                for answer in answers
+            ]
+        ).double()
+        tokens = sorted({token for _, answers in taught for answer in answers for token in answer})
+        wanted = torch.full((len(hidden), len(tokens)), -margin, dtype=torch.float64)
+        row = 0
+        for _, answers in taught:
+            for answer in answers:
+                for j in range(len(answer)):
+                    for other in answers:  # every answer agreeing with this one before j ties at j
+                        if len(other) > j and other[:j] == answer[:j]:
+                            wanted[row, tokens.index(other[j])] = margin
+                    row += 1
+        rows = torch.linalg.lstsq(hidden, wanted).solution.T
+        model.lm_head.weight[tokens] = rows.to(model.lm_head.weight.dtype)
+
+
 @pytest.fixture(scope="session")
 def taught_model(tokenizer):
     """The tiny Llama, answering the chat and responses tests' first prompts with CALL."""

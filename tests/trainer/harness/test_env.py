@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -75,3 +76,16 @@ async def test_the_unsafe_local_runner_plays_when_asked_for(gateway):
     harness = HarnessEnv(AddEnv, command(SOLVER), gateway, runner="local", allow_unsafe=True, wall_clock_s=60)
     episode = await harness.play(seed=1)
     assert episode.error is None and episode.reward == 1.0 and len(episode.calls) == 1
+
+
+async def test_a_sampling_key_seeds_the_episodes_model_calls(gateway, base_rootfs):
+    """rollout.seeded for harness tasks: the same key samples the same tokens whatever else the engine runs at
+    the same time; another key samples others (the untaught model at temperature 1 has no sure token)."""
+    harness = HarnessEnv(AddEnv, command(SOLVER), gateway, wall_clock_s=60)
+    first = await harness.play(seed=3, sampling_key="Add|3|0-1|0")  # alone on the engine
+    again, other = await asyncio.gather(  # batched with another episode
+        harness.play(seed=3, sampling_key="Add|3|0-1|0"), harness.play(seed=3, sampling_key="Add|3|0-1|1")
+    )
+    outputs = [[call.output_ids for call in episode.calls] for episode in (first, again, other)]
+    assert outputs[0] == outputs[1] and outputs[0] != outputs[2]
+    assert first.calls[0].logprobs == again.calls[0].logprobs

@@ -3,7 +3,8 @@ trainer's own engine through the recording gateway; what the learner trains is w
 
 The program is a small harness written with the real `openai` client (tests/trainer/harness/scripts.py), not the
 Agents SDK: importing the SDK costs about 4 CPU-seconds per episode on the 2-core CI machine against 1.4 for the
-client, and a few steps play 16 or more episodes. The SDK itself is run through the gateway in test_builtin.py.
+client, and a few steps play 16 or more episodes. The built-ins themselves (the SDK, mini-swe-agent) train in a
+few small groups in test_train_builtin.py.
 """
 
 from __future__ import annotations
