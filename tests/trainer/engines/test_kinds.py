@@ -80,6 +80,7 @@ def test_a_kind_needs_a_usable_name_that_is_not_taken():
 def test_a_kind_refuses_what_it_cannot_do():
     with pytest.raises(ConfigError, match="for kind: sglang, not kind: embedded"):
         config_from_dict({"tasks": [{"env": "Math-v0"}], "engine": {"kind": "embedded", "router_url": "http://x"}})
+
     class NoWorkers(EngineKind):
         name = "no-workers"
 
