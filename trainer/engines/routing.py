@@ -38,6 +38,7 @@ class MultiEngine(InferenceEngine):
         self.failovers = 0  #: requests resubmitted on another engine after theirs met an outage
         self._picks = 0
         self._picked = [0] * len(self.engines)  # when route() last picked each engine for a new episode
+        self.names = [_engine_url(e, i) for i, e in enumerate(self.engines)]  #: each engine's URL, for the record
 
     def _available(self, index: int) -> bool:
         return getattr(self.engines[index], "available", True)
@@ -79,7 +80,7 @@ class MultiEngine(InferenceEngine):
                 self.load[index] -= 1
             self.served[index] += 1
             result.meta["engine"] = index
-            result.meta["engine_url"] = _engine_url(self.engines[index], index)
+            result.meta["engine_url"] = self.names[index]
             return result
 
     async def _any_recovered(self) -> None:

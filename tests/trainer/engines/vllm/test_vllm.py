@@ -105,7 +105,9 @@ async def test_finish_reasons_and_seeds(vllm, tokenizer):
 
 
 PROBE = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
-ATTEMPTS = 5
+# attempts at landing an interrupt mid-generation: 5 all failed in CI on a faster host (a 2-core Xeon, where the
+# tiny model's 1800 tokens take ~5 s) while the other xdist worker loaded both cores; each failed attempt costs ~5 s
+ATTEMPTS = 12
 
 
 async def server_metric(url: str, name: str) -> float:
@@ -118,7 +120,7 @@ async def server_metric(url: str, name: str) -> float:
 async def decoding(running: list[asyncio.Task], url: str, probe: VLLMEngine, tokenizer) -> bool:
     """Wait until the server decodes the `running` generations; False when one ended first.
 
-    Two signals, whichever comes first: the server's count of generated tokens grew by 8 since the call, or two
+    Two signals, whichever comes first: the server's count of generated tokens grew since the call, or two
     8-token probes through `probe` came back one after the other (the second was queued behind `running` and
     returned after >= 8 decode steps with them in the batch: vLLM serves first come, first served). Each alone
     failed here: on this 2-core machine vLLM's engine core spins on both cores and its API server falls behind it
@@ -132,7 +134,7 @@ async def decoding(running: list[asyncio.Task], url: str, probe: VLLMEngine, tok
 
     probing = asyncio.create_task(probes())
     try:
-        while not probing.done() and await server_metric(url, "vllm:generation_tokens_total") < before + 8:
+        while not probing.done() and await server_metric(url, "vllm:generation_tokens_total") < before + 1:
             if any(task.done() for task in running):
                 return False
             await asyncio.sleep(0.01)
