@@ -78,3 +78,29 @@ async def gateway(tiny_policy, tokenizer):
     actions, so what it says does not matter; that it is called and recorded does)."""
     async with running_gateway(tiny_policy, tokenizer, max_tokens_per_request=8, episode_token_budget=64) as gw:
         yield gw
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What the engine generated (prompt ids -> [(output ids, logprobs)]) and what the learner trained
+    ([(groups, stats)]), seen through the real `EmbeddedEngine.generate` and `Learner.step`."""
+    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+    from envhub.trainer.learner.step import Learner
+
+    generated: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
+    trained: list[tuple[list, dict]] = []
+    generate, step = EmbeddedEngine.generate, Learner.step
+
+    async def recording_generate(self, input_ids, sampling):
+        result = await generate(self, input_ids, sampling)
+        generated.setdefault(tuple(input_ids), []).append((list(result.output_ids), list(result.logprobs)))
+        return result
+
+    def recording_step(self, groups, version=0):
+        stats = step(self, groups, version)
+        trained.append((groups, stats))
+        return stats
+
+    monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
+    monkeypatch.setattr(Learner, "step", recording_step)
+    return generated, trained

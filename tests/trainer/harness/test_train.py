@@ -55,11 +55,9 @@ def model_runs(mask: list[int]) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
-async def test_grpo_trains_a_harness_on_what_the_engine_generated(tmp_path, base_rootfs, monkeypatch):
-    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
+async def test_grpo_trains_a_harness_on_what_the_engine_generated(tmp_path, base_rootfs, recorded):
     from envhub.trainer.harness.builtin import BUILTIN, overlay_dir
     from envhub.trainer.learner.advantages import sample_advantages
-    from envhub.trainer.learner.step import Learner
     from envhub.trainer.train import Trainer
     from envhub.trainer.trajectory import episodes_of
 
@@ -68,24 +66,7 @@ async def test_grpo_trains_a_harness_on_what_the_engine_generated(tmp_path, base
     except HarnessError as exc:
         unavailable(str(exc))
     assert (overlay_dir() / "openai").is_dir()
-    generated: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
-    generate = EmbeddedEngine.generate
-
-    async def recording_generate(self, input_ids, sampling):
-        result = await generate(self, input_ids, sampling)
-        generated.setdefault(tuple(input_ids), []).append((list(result.output_ids), list(result.logprobs)))
-        return result
-
-    trained = []
-    step = Learner.step
-
-    def recording_step(self, groups, version=0):
-        stats = step(self, groups, version)
-        trained.append((groups, stats))
-        return stats
-
-    monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
-    monkeypatch.setattr(Learner, "step", recording_step)
+    generated, trained = recorded
     result = await Trainer(harness_config(tmp_path)).run()
 
     assert result.last_step == 2 and len(trained) == 2

@@ -78,32 +78,6 @@ def train_config(
     )
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """What the engine generated (prompt ids -> [(output ids, logprobs)]) and what the learner trained
-    ([(groups, stats)]), seen through the real `EmbeddedEngine.generate` and `Learner.step`."""
-    from envhub.trainer.engines.embedded.engine import EmbeddedEngine
-    from envhub.trainer.learner.step import Learner
-
-    generated: dict[tuple[int, ...], list[tuple[list[int], list[float]]]] = {}
-    trained: list[tuple[list, dict]] = []
-    generate, step = EmbeddedEngine.generate, Learner.step
-
-    async def recording_generate(self, input_ids, sampling):
-        result = await generate(self, input_ids, sampling)
-        generated.setdefault(tuple(input_ids), []).append((list(result.output_ids), list(result.logprobs)))
-        return result
-
-    def recording_step(self, groups, version=0):
-        stats = step(self, groups, version)
-        trained.append((groups, stats))
-        return stats
-
-    monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
-    monkeypatch.setattr(Learner, "step", recording_step)
-    return generated, trained
-
-
 def serve_taught(monkeypatch, model, tokenizer) -> None:
     """The trainer's policy is `model` (the tiny model `build_policy` made, then taught)."""
     from envhub.trainer import train
