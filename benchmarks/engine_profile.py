@@ -1,7 +1,7 @@
 """Where a EmbeddedEngine decode step spends its time: the torch ops of steady-state decode steps, grouped.
 
     python benchmarks/engine_profile.py [--model smollm2] [--dtype auto] [--sequences 32] [--prompt-tokens 256]
-        [--steps 16] [--threads 1] [--out benchmarks/results/engine_profile.json]
+        [--steps 16] [--threads 1] [--no-pack] [--out benchmarks/results/engine_profile.json]
 
 The engine prefills `--sequences` random prompts and decodes a few tokens; then it is paused in place (the batch and
 its KV stay) and `--steps` decode steps run in this thread under torch.profiler. Reported: wall ms per step, and
@@ -33,7 +33,14 @@ GROUPS = {
     "lm_head": ("lm_head",),
     "attention (sdpa)": ("scaled_dot_product", "_flash_attention", "flash_attention"),
     "kv writes (index_copy_)": ("index_copy", "index_put"),
-    "matmuls (q/k/v/o, mlp)": ("aten::addmm", "aten::mm", "aten::linear", "aten::matmul", "aten::bmm"),
+    "matmuls (q/k/v/o, mlp)": (
+        "aten::addmm",
+        "aten::mm",
+        "aten::linear",
+        "aten::matmul",
+        "aten::bmm",
+        "mkldnn::_linear_pointwise",
+    ),
     "elementwise (norm, rotary, silu, add)": (
         "aten::mul",
         "aten::add",
@@ -61,7 +68,9 @@ def group_of(name: str) -> str:
 
 async def prepared_engine(args: argparse.Namespace) -> EmbeddedEngine:
     model, tokenizer = load_model(args.model, device="cpu", dtype=torch.float32)
-    engine = EmbeddedEngine(model, tokenizer, dtype=args.dtype, max_batch_size=args.sequences)
+    engine = EmbeddedEngine(
+        model, tokenizer, dtype=args.dtype, max_batch_size=args.sequences, pack_weights=False if args.no_pack else None
+    )
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(args.prompt_tokens)] for _ in range(args.sequences)]
     params = SamplingParams(max_new_tokens=10_000 // 10, temperature=1.0, ignore_eos=True)
@@ -81,14 +90,14 @@ def profile_steps(engine: EmbeddedEngine, steps: int) -> dict:
         with record_function("sampling"):
             return original(*a, **k)
 
-    head = engine.runner.lm_head
-    forward = head.forward
+    projections = engine.runner.projections
+    head = projections.head
 
     def labelled_head(x):
         with record_function("lm_head"):
-            return forward(x)
+            return head(x)
 
-    engine_module.sample_next, head.forward = labelled_sampling, labelled_head
+    engine_module.sample_next, projections.head = labelled_sampling, labelled_head
     try:
         engine._step()  # warm
         started = time.perf_counter()
@@ -99,7 +108,7 @@ def profile_steps(engine: EmbeddedEngine, steps: int) -> dict:
             for _ in range(steps):
                 engine._step()
     finally:
-        engine_module.sample_next, head.forward = original, forward
+        engine_module.sample_next, projections.head = original, head
     events = prof.key_averages()
     labelled = {e.key: e.cpu_time_total / steps / 1e3 for e in events if e.key in ("sampling", "lm_head")}
     groups: dict[str, float] = defaultdict(float)
@@ -137,6 +146,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-pack", action="store_true", help="the model's own linear modules (no packed weights)")
     parser.add_argument("--out", default="benchmarks/results/engine_profile.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -56,7 +56,7 @@ def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(count)]
 
 
-async def build_embedded(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
+async def build_embedded(args: argparse.Namespace, unpacked: bool = False) -> tuple[InferenceEngine, dict[str, Any]]:
     device = pick_device(args.device)
     dtype = engine_dtype(args.dtype, device)
     model, tokenizer = load_model(args.model, device=str(device), dtype=dtype)
@@ -67,8 +67,15 @@ async def build_embedded(args: argparse.Namespace) -> tuple[InferenceEngine, dic
         prefill_chunk=args.prefill_chunk if args.prefill_chunk >= 0 else (8192 if device.type == "cuda" else 512),
         kv_cache_mb=args.kv_cache_mb,
         threads=args.threads if args.threads == "auto" else int(args.threads),
+        pack_weights=False if unpacked else None,
     )
-    return engine, {"dtype": str(dtype).removeprefix("torch."), "device": str(device), "threads": args.threads}
+    packed = type(engine.runner.projections).__name__ == "PackedProjections"
+    return engine, {
+        "dtype": str(dtype).removeprefix("torch."),
+        "device": str(device),
+        "threads": args.threads,
+        "packed_weights": packed,
+    }
 
 
 async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
@@ -82,7 +89,13 @@ async def build_vllm(args: argparse.Namespace) -> tuple[InferenceEngine, dict[st
     return engine, {"dtype": args.vllm_dtype, "startup_s": round(time.perf_counter() - started, 1)}
 
 
-BUILDERS = {"embedded": build_embedded, "vllm": build_vllm}  # engine kinds, by name
+async def build_embedded_unpacked(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
+    """The embedded engine on the model's own linear modules (no oneDNN-packed weights): the packing's A/B."""
+    return await build_embedded(args, unpacked=True)
+
+
+# engine kinds by name, and the embedded engine without packed weights
+BUILDERS = {"embedded": build_embedded, "vllm": build_vllm, "embedded-unpacked": build_embedded_unpacked}
 LOAD_SCRIPT = "import torch\nx = torch.randn(1024, 1024)\nwhile True:\n    x @ x\n"  # default threads, not niced
 
 
@@ -166,7 +179,7 @@ async def weight_update_s(name: str, engine: Any, args: argparse.Namespace, tmp:
     model, _ = load_model(args.model, device="cpu", dtype=torch.float32)
     state = {k: v.detach() for k, v in model.named_parameters()}  # tied weights once, as the trainer pushes
     target: Any = state
-    if not engine_kind(name).in_process:  # a server reloads from disk, as the trainer pushes to one
+    if not isinstance(engine, EmbeddedEngine):  # a server reloads from disk, as the trainer pushes to one
         model.save_pretrained(tmp / "weights", safe_serialization=True)
         target = str(tmp / "weights")
     times = []
@@ -215,7 +228,8 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    names = [engine_kind(n.strip()).name for n in args.engines.split(",") if n.strip()]  # `local` names embedded
+    # `local` names embedded
+    names = [n if n in BUILDERS else engine_kind(n).name for n in (n.strip() for n in args.engines.split(",")) if n]
     unknown = [n for n in names if n not in BUILDERS]
     if unknown:
         raise SystemExit(f"unknown engines {unknown}; choose from {', '.join(BUILDERS)}")

@@ -44,7 +44,8 @@ class EmbeddedEngine(InferenceEngine):
     dtype). `kv_cache_mb` bounds the KV cache: requests wait while it is full and one that could never fit is
     refused. `cuda_graphs` (default: on for CUDA) replays the decode step from captured graphs. `threads` (CPU):
     the torch threads of each model step, "auto" (`ThreadRule`: the free cores, re-read every step), a number, a
-    callable, or 0 for torch's own count.
+    callable, or 0 for torch's own count. `pack_weights` (None: where supported, CPU bf16) multiplies with
+    oneDNN-packed copies of the projection weights, re-packed whenever a parameter changes (`projections.py`).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class EmbeddedEngine(InferenceEngine):
         kv_cache_mb: float = 2048.0,
         cuda_graphs: bool | None = None,
         threads: Any = "auto",
+        pack_weights: bool | None = None,
     ) -> None:
         device = next(model.parameters()).device
         if dtype is not None:
@@ -85,7 +87,7 @@ class EmbeddedEngine(InferenceEngine):
             static=graphs,
         )
         self.threads = threads_setting(threads) if device.type == "cpu" else None
-        self.runner = ModelRunner(model, self.cache)
+        self.runner = ModelRunner(model, self.cache, packed=pack_weights)
         self.decode_step = DecodeStep(self.runner, graphs=graphs)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self.scheduler = Scheduler(
@@ -374,6 +376,7 @@ class EmbeddedEngine(InferenceEngine):
             if abort_all_requests:
                 await self._interrupt("system")
             await self._compute.run(load_state, self.model, path_or_state)
+            await self._compute.run(self.runner.projections.refresh)  # packed copies: made here, not at next step
             self.prefix_cache.clear()  # KV computed under the old weights
             self.scheduler.forget_partial_prefills()
             self.version = self.version + 1 if version is None else int(version)

@@ -1,9 +1,11 @@
 """ModelRunner: the forward pass of a Llama-family transformers model over a `KVCache`, for prefill and decode.
 
-It calls the model's own modules (embeddings, norms, projections, MLPs, rotary embedding, LM head), so weight
-updates copied into the model's parameters are what the next step computes with; only the attention and the cache
-handling are its own: each row's new keys/values are written into its slot in place, and attention reads the slot
-directly (no concatenation, no padding of the past). Logits are computed only for each row's last position.
+It calls the model's own modules (embeddings, norms, rotary embedding) and its projections, MLPs and LM head either
+as modules or, on a CPU in bf16, through oneDNN-packed copies of their weights that are packed again whenever a
+parameter changes (`projections.py`), so weight updates copied into the model's parameters are what the next step
+computes with. Only the attention and the cache handling are its own: each row's new keys/values are written into
+its slot in place, and attention reads the slot directly (no concatenation, no padding of the past). Logits are
+computed only for each row's last position.
 
 Supported: decoder-only models whose layers look like Llama's (Llama, Mistral without sliding window, Qwen2,
 Qwen3 with its q/k norms), i.e. SmolLM2 and the tiny test Llama. Anything else gets a clear error.
@@ -19,6 +21,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from envhub.errors import EngineError
 from envhub.trainer.engines.embedded.kv_cache import KVCache, KVLayout
+from envhub.trainer.engines.embedded.projections import projections_for
 from envhub.trainer.engines.embedded.shapes import projection_rows, round_up
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -59,7 +62,9 @@ def kv_layout(model: Any) -> KVLayout:
 class ModelRunner:
     """Runs prefill and decode steps of a supported model, reading and writing `cache` in place."""
 
-    def __init__(self, model: Any, cache: KVCache, *, expand_gqa: bool | None = None) -> None:
+    def __init__(
+        self, model: Any, cache: KVCache, *, expand_gqa: bool | None = None, packed: bool | None = None
+    ) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise EngineError(
@@ -70,7 +75,7 @@ class ModelRunner:
         self.cache = cache
         inner = model.model
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
-        self.lm_head = model.get_output_embeddings()
+        self.projections = projections_for(model, packed)  # packed: None = where supported (CPU bf16)
         layout = cache.layout
         self.kv_heads, self.head_dim = layout.kv_heads, layout.head_dim
         self.group = model.config.num_attention_heads // layout.kv_heads
@@ -153,6 +158,7 @@ class ModelRunner:
         """ids/positions [B, T]; write_at = (slots, positions) [B, T] where the new keys go; mask [B, 1, T, W]
         over the slots `rows`; `last` [B] picks each row's output position (None: the only one)."""
         batch, length = ids.shape
+        self.projections.refresh()  # re-pack weights that changed since the last step (none, usually)
         hidden = self.embed(ids)
         cos, sin = self.rotary(hidden, positions)
         kv_rows = self._kv_rows(*write_at)
@@ -164,13 +170,13 @@ class ModelRunner:
                 index, layer.self_attn, layer.input_layernorm(hidden), cos, sin, kv_rows, rows, mask, (batch, length)
             )
             hidden = hidden + attended
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self.projections.mlp(index, layer.post_attention_layernorm(hidden))
         hidden = hidden[:tokens].view(batch, length, -1)
         if last is None:
             hidden = hidden[:, -1]
         else:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        return self.lm_head(self.norm(hidden)).float()
+        return self.projections.head(self.norm(hidden)).float()
 
     def _kv_rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Where new keys go in a layer's cache seen as rows of `head_dim` values, in the order of a [B, heads, T]
@@ -200,7 +206,7 @@ class ModelRunner:
         batch, length = shape_in
         tokens = batch * length
         shape = (batch, length, -1, self.head_dim)
-        q, k, v = (proj(x)[:tokens].view(shape) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k, v = (projected[:tokens].view(shape) for projected in self.projections.qkv(index, x))
         if self.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
@@ -220,4 +226,4 @@ class ModelRunner:
             keys, values = keys.repeat_interleave(self.group, dim=1), values.repeat_interleave(self.group, dim=1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         out = out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(tokens, -1)
-        return attn.o_proj(self._pad(out, x.shape[0]))
+        return self.projections.o(index, self._pad(out, x.shape[0]))
