@@ -91,6 +91,9 @@ class EngineConfig:
     )
     kv_cache_mb: float = 2048.0  #: embedded engine: KV cache budget; requests queue when it is full
     threads: int = 0  #: embedded engine, CPU: torch threads per model step (0 = the rule in docs/engines.md)
+    #: embedded engine: nice levels above the trainer process for its compute thread, where the process may raise
+    #: priority (root or CAP_SYS_NICE); 0 = the process's own (docs/engines.md, Sharing the cores)
+    priority: int = 5
     cuda_graphs: bool = True  #: embedded engine on CUDA: replay decode steps from captured CUDA graphs
     pause_mode: Literal["retract", "in_place", "abort", "none"] = (
         "retract"  #: how a weight push pauses the server: retract/abort (resubmit), in_place (keep KV), none (wait)
@@ -276,6 +279,8 @@ class LearnerConfig:
     )
     train_layers: int = 0  #: RL trains only the top N decoder layers and the final norm (0 = every weight)
     threads: int = 0  #: CPU: torch threads of a learner step beside generation (0 = every core, docs/engines.md)
+    #: nice levels above the trainer process for learner and SFT steps where allowed (as engine.priority); 0 = none
+    priority: int = 5
     #: a micro-batch's rows that begin with the same tokens (a group's prompt) run those tokens through the model
     #: once, their keys and values shared by every row; exact, single-process and without gradient checkpointing
     share_prefix: bool = True

@@ -53,6 +53,7 @@ async def evaluate_policy(
         prefix_cache_mb=config.engine.prefix_cache_mb,
         prefill_chunk=config.engine.prefill_chunk,
         dtype=dtype,
+        priority=config.engine.priority,
     )
     sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=ev.temperature, top_p=1.0)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from envhub.chat_tokens import ChatTokens
 from envhub.errors import ConfigError
 from envhub.trainer.engines.embedded.threads import apply_threads
 from envhub.trainer.learner.layers import freeze_below_top_layers
+
+if TYPE_CHECKING:
+    from envhub.trainer.run.cores import CoreShare
 
 
 @dataclass
@@ -168,10 +171,11 @@ def run_sft(
 
 
 async def warm_start(
-    model: Any, tokenizer: Any, config: Any, out_dir: str | Path, threads: Callable[[], int] | None = None
+    model: Any, tokenizer: Any, config: Any, out_dir: str | Path, cores: CoreShare | None = None
 ) -> dict[str, float]:
     """The train config's `sft:` stage: collect expert data if asked, then fine-tune `model` in place (padding with
-    the tokenizer's pad token, else its end-of-sequence token); `threads` as in `run_sft`."""
+    the tokenizer's pad token, else its end-of-sequence token); `cores`: the run's rule gives each step's threads
+    (`CoreShare.alone`) and the steps' thread its priority (`CoreShare.learner_thread`)."""
     import asyncio
 
     sft = config.sft
@@ -182,8 +186,12 @@ async def warm_start(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     from envhub.trainer.engines.embedded import releasing_openmp
 
+    def sft_on_learner_thread(*args: Any, **kwargs: Any) -> dict[str, float]:
+        with cores.learner_thread():  # its OpenMP workers released at the end, as releasing_openmp does
+            return run_sft(*args, **kwargs)
+
     stats = await asyncio.to_thread(
-        releasing_openmp(run_sft),
+        releasing_openmp(run_sft) if cores is None else sft_on_learner_thread,
         model,
         examples,
         epochs=sft.epochs,
@@ -193,7 +201,7 @@ async def warm_start(
         seed=config.seed,
         max_time_s=sft.max_time_s,
         train_layers=sft.train_layers,
-        threads=threads,
+        threads=cores.alone if cores is not None else None,
     )
     print(
         f"sft: {stats['steps']} steps on {stats['examples']} conversations, loss {stats['first_loss']:.3f} -> "

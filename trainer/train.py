@@ -260,8 +260,7 @@ class Trainer:
                 await evaluation.measure("before", model, tokenizer)
         if (cfg.sft.data or cfg.sft.collect) and not resuming:
             with self.clock.stage("sft"):
-                threads = self.cores.alone if self.cores is not None else None
-                self.sft_stats = await warm_start(model, tokenizer, cfg, self.out_dir, threads)
+                self.sft_stats = await warm_start(model, tokenizer, cfg, self.out_dir, self.cores)
             if evaluation is not None and cfg.evaluation.after_sft:
                 with self.clock.stage("evaluation sft"):
                     await evaluation.measure("sft", model, tokenizer)

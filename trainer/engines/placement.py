@@ -28,6 +28,7 @@ class EngineProcess:
     on_host: bool = False  #: runs in host memory (a CPU build) even on a machine with GPUs
     static_rows: int = 0  #: a KV cache allocated once as this many equal rows (the embedded engine's CUDA graphs)
     static_bytes: int = 0  #: the bytes those rows share
+    packed_weights: bool = False  #: holds a second, oneDNN-packed copy of its weights (embedded engine, CPU bf16)
     note: str = ""
 
 

@@ -185,10 +185,13 @@ def _place_engines(placement: Placement, config: Any, engines: list[Any], cuda: 
             placement.stages.append(Stage(engine.name, "engine", engine.url, detail="attached: its memory is its own"))
             continue
         if engine.where == "trainer":  # in the trainer's process, on the learner's first device
-            gpus, host = ((0,), 0) if cuda else ((), weights + engine.kv_budget_bytes)
+            packed = weights if engine.packed_weights and not cuda else 0
+            gpus, host = ((0,), 0) if cuda else ((), weights + packed + engine.kv_budget_bytes)
             stage = Stage(engine.name, "engine", "cuda:0 (trainer process)" if cuda else "host (trainer process)",
                           gpus, weights + engine.kv_budget_bytes if cuda else 0, host)  # fmt: skip
             stage.parts = {"weights": weights, "KV cache + prefix cache": engine.kv_budget_bytes}
+            if packed:
+                stage.parts["packed weights (oneDNN)"] = packed
             kv_bytes = engine.kv_budget_bytes
             if engine.static_rows:
                 _check_static_rows(placement, config, engine, per_token)

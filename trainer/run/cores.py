@@ -27,15 +27,22 @@ Why the learner counts other processes too: a tiny model's learner step at 2 thr
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.engines.embedded.hardware import release_openmp_workers
-from envhub.trainer.engines.embedded.threads import ThreadRule, apply_threads, usable_cores
+from envhub.trainer.engines.embedded.threads import (
+    ThreadRule,
+    apply_threads,
+    may_raise_priority,
+    raise_thread_priority,
+    usable_cores,
+)
 
 T = TypeVar("T")
 
@@ -43,13 +50,27 @@ T = TypeVar("T")
 class CoreShare:
     """The run's thread rule (module docstring); `engine_threads` is the engine's `threads` callable."""
 
-    def __init__(self, learner_threads: int = 0, engine_threads: int = 0, cores: int | None = None) -> None:
+    def __init__(
+        self,
+        learner_threads: int = 0,
+        engine_threads: int = 0,
+        cores: int | None = None,
+        learner_priority: int = 0,
+        engine_priority: int = 0,
+    ) -> None:
         for name, value in (("learner.threads", learner_threads), ("engine.threads", engine_threads)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(
                     f"{name} must be 0 (the rule in docs/engines.md) or a number of threads, got {value!r}",
                     hint=f"remove {name} to let the run share the cores by its rule",
                 )
+        for name, value in (("learner.priority", learner_priority), ("engine.priority", engine_priority)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 39:
+                raise ConfigError(
+                    f"{name} must be a number of nice levels from 0 (the process's own priority) to 39, got {value!r}",
+                    hint=f"remove {name} for the default (5: docs/engines.md, Sharing the cores)",
+                )
+        self.learner_priority, self.engine_priority = learner_priority, engine_priority
         self.cores = cores or usable_cores()
         self.learner_beside = min(learner_threads, self.cores) if learner_threads else self.cores
         self.fixed_engine = engine_threads
@@ -58,7 +79,12 @@ class CoreShare:
 
     @classmethod
     def from_config(cls, config: Any) -> CoreShare:
-        return cls(config.learner.threads, config.engine.threads)
+        return cls(
+            config.learner.threads,
+            config.engine.threads,
+            learner_priority=config.learner.priority,
+            engine_priority=config.engine.priority,
+        )
 
     def engine_threads(self) -> int:
         """Threads for the engine's next model step."""
@@ -91,12 +117,24 @@ class CoreShare:
             apply_threads(threads)
             self._stepping = threads if split else 0
             try:
-                return fn(*args, **kwargs)
+                with self.learner_thread():
+                    return fn(*args, **kwargs)
             finally:
                 self._stepping = 0
-                release_openmp_workers()  # the engine decoding in between has the cores' OpenMP threads to itself
 
         return step
+
+    @contextlib.contextmanager
+    def learner_thread(self) -> Iterator[None]:
+        """The calling thread at the learner's priority for the block (a learner or SFT step, run on a pool thread);
+        afterwards at the process's again, its OpenMP workers (started at the learner's priority) ended, so the
+        engine decoding in between has the cores' OpenMP threads to itself."""
+        raise_thread_priority(self.learner_priority)
+        try:
+            yield
+        finally:
+            raise_thread_priority(0)
+            release_openmp_workers()
 
     def describe(self) -> str:
         engine = (
@@ -108,5 +146,14 @@ class CoreShare:
         return (
             f"cores: {self.cores}; learner {self.learner_beside} threads beside generation, {self.cores} alone, less "
             "the cores other processes keep busy; "
-            f"engine {engine}; torch threads now {torch.get_num_threads()} (docs/engines.md, Sharing the cores)"
+            f"engine {engine}; torch threads now {torch.get_num_threads()}; {self.describe_priority()} "
+            "(docs/engines.md, Sharing the cores)"
         )
+
+    def describe_priority(self) -> str:
+        levels = f"engine +{self.engine_priority}, learner +{self.learner_priority} nice levels over the process"
+        if not (self.engine_priority or self.learner_priority):
+            return "priority: the process's own"
+        if may_raise_priority():
+            return f"priority: {levels}"
+        return f"priority: the process's own ({levels} refused: needs root or CAP_SYS_NICE)"

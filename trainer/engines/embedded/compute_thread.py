@@ -22,23 +22,36 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from envhub.trainer.engines.embedded.hardware import release_openmp_workers
+from envhub.trainer.engines.embedded.threads import raise_thread_priority
 
 T = TypeVar("T")
 
 
 class ComputeThread:
-    """A single worker thread; `run` awaits a call on it from the event loop."""
+    """A single worker thread; `run` awaits a call on it from the event loop.
 
-    def __init__(self, name: str) -> None:
+    `priority`: nice levels above the process's own for this thread (`raise_thread_priority`), set when it starts
+    and so inherited by the OpenMP workers its first parallel region creates; `nice_applied` is the thread's nice
+    value once it runs (the process's where raising was refused).
+    """
+
+    def __init__(self, name: str, priority: int = 0) -> None:
         self._name = name
         self._executor: ThreadPoolExecutor | None = None
+        self.priority = priority
+        self.nice_applied: int | None = None  # known once the thread has started
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)` on the compute thread (started on first use, again after `close`)."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=self._name, initializer=self._set_priority
+            )
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def _set_priority(self) -> None:
+        self.nice_applied = raise_thread_priority(self.priority)
 
     def close(self) -> None:
         """Let the thread end once its current call returns (its OpenMP team ends with it)."""

@@ -46,6 +46,8 @@ class EmbeddedEngine(InferenceEngine):
     the torch threads of each model step, "auto" (`ThreadRule`: the free cores, re-read every step), a number, a
     callable, or 0 for torch's own count. `pack_weights` (None: where supported, CPU bf16) multiplies with
     oneDNN-packed copies of the projection weights, re-packed whenever a parameter changes (`projections.py`).
+    `priority`: nice levels above the process's own for the compute thread and its OpenMP workers, where the
+    process may raise priority (root or CAP_SYS_NICE); 0 = the process's (docs/engines.md, "Sharing the cores").
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class EmbeddedEngine(InferenceEngine):
         cuda_graphs: bool | None = None,
         threads: Any = "auto",
         pack_weights: bool | None = None,
+        priority: int = 5,
     ) -> None:
         device = next(model.parameters()).device
         if dtype is not None:
@@ -106,7 +109,7 @@ class EmbeddedEngine(InferenceEngine):
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._compute = ComputeThread("local-engine")
+        self._compute = ComputeThread("local-engine", priority=priority)
         release_openmp_workers()  # this thread cast the weights; from now on the compute thread computes
 
     @classmethod

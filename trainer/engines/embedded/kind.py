@@ -52,6 +52,7 @@ class EmbeddedKind(EngineKind):
             dtype=dtype,
             kv_cache_mb=cfg.kv_cache_mb,
             cuda_graphs=None if cfg.cuda_graphs else False,
+            priority=cfg.priority,
         )
 
     def processes(self, config: Any, cuda: bool) -> list[Any]:
@@ -66,7 +67,7 @@ class EmbeddedKind(EngineKind):
         return [
             EngineProcess(
                 "embedded engine", "trainer", kv_budget_bytes=budget, dtype_bytes=4 if fp32 else 2,
-                static_rows=rows, static_bytes=int(cfg.kv_cache_mb * 2**20),
+                static_rows=rows, static_bytes=int(cfg.kv_cache_mb * 2**20), packed_weights=not (cuda or fp32),
             )
         ]  # fmt: skip
 

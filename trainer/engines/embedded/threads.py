@@ -18,7 +18,9 @@ kept busy over the last second or so, at least 1.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -109,3 +111,46 @@ def threads_setting(value: int | str | Callable[[], int] | None) -> Callable[[],
         f"engine threads must be auto, 0 or a positive number, got {value!r}",
         hint="auto shares the cores by the rule in docs/engines.md; 0 keeps torch's own count",
     )
+
+
+def process_nice() -> int:
+    """The process's nice value (its main thread's); 0 where the OS has none."""
+    getpriority = getattr(os, "getpriority", None)
+    return getpriority(os.PRIO_PROCESS, os.getpid()) if getpriority is not None else 0
+
+
+def raise_thread_priority(levels: int) -> int:
+    """Give the calling thread the nice value `levels` below the process's (a higher priority), where allowed;
+    returns the thread's nice value afterwards.
+
+    Linux keeps a nice value per thread (`setpriority(PRIO_PROCESS, tid)`), and a thread inherits its creator's, so
+    OpenMP workers a thread starts afterwards share it. A nice value below the thread's current one needs root or
+    CAP_SYS_NICE: without it the thread keeps its value. `levels` 0 (or a negative number, a lower priority)
+    returns the thread to (or below) the process's value, which is always allowed from a higher priority. Where
+    the OS has no per-thread priority, nothing changes. Why and the figures: docs/engines.md, "Sharing the cores".
+    """
+    getpriority = getattr(os, "getpriority", None)
+    if getpriority is None or not sys.platform.startswith("linux"):
+        return 0
+    tid = threading.get_native_id()
+    current = getpriority(os.PRIO_PROCESS, tid)
+    wanted = max(-20, min(19, process_nice() - levels))
+    if wanted != current:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, wanted)
+        except PermissionError:
+            return current
+    return getpriority(os.PRIO_PROCESS, tid)
+
+
+@functools.cache
+def may_raise_priority() -> bool:
+    """Whether this process may give a thread a higher priority than its own (root or CAP_SYS_NICE), tried once on a
+    throwaway thread."""
+    if not sys.platform.startswith("linux"):
+        return False
+    seen: list[int] = []
+    probe = threading.Thread(target=lambda: seen.append(raise_thread_priority(1)), name="envhub-priority-probe")
+    probe.start()
+    probe.join()
+    return bool(seen) and seen[0] < process_nice()
