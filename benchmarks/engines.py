@@ -18,6 +18,9 @@ machine), the same load for both engines: `*_loaded_tokens_per_s`, `*_loaded_ove
 seconds per engine batch are reported next to the quiet figures. (`local_*` keys repeat the `embedded_*` ones under
 the engine's former name.)
 
+`--engines embedded,embedded-unpacked` is the A/B of the embedded engine's packed weights (docs/engines.md, "Packed
+projections"): the same engine on the model's own linear modules.
+
 On a GPU the lead runs: `python benchmarks/engines.py --engines embedded --device cuda --sequences 64
 --prompt-tokens 1024 --new-tokens 256`.
 """
