@@ -17,6 +17,13 @@ The rule, per stage:
 - envs run on the event loop and in sandboxes (other processes) with no torch threads of their own: the cores
   other processes keep busy (sandboxes, dockerd, anything else on the machine) come off the engine's share.
 
+Priority, every stage: the engine's compute thread and the thread of each learner or SFT step (with the OpenMP
+workers they start) run `engine.priority` / `learner.priority` nice levels above the process (default 5 each, where
+the process may: root or CAP_SYS_NICE); everything else (the event loop, env code, sandboxes, started servers)
+stays at the process's level. Equal levels keep engine and learner balanced with each other as before; against other
+processes they no longer get only a fair share per thread (one engine thread beside a 2-thread load: ~0.8 of a core
+at equal priority, a whole core 5 levels up; docs/engines.md, "Priority").
+
 Free cores are this process's affinity mask. `engine.threads` / `learner.threads` fix either number (0: the rule).
 The Trainer prints the rule at start (`describe`).
 

@@ -6,7 +6,7 @@ out for its kernel each time (or looks up a per-shape copy). `torch.ops.mkldnn._
 out once; `_linear_pointwise` then multiplies with it directly, with the same result bit for bit (checked at 1 to 512
 rows). Fusing q/k/v into one matmul and gate/up into another halves the matmuls of a layer, so a step meets half the
 OpenMP barriers. A 32-row SmolLM2 decode step's projections and LM head at 1 thread on a 2-vCPU EPYC (AVX-512 BF16,
-no AMX): 74 ms plain, 50 ms packed and fused (docs/engines.md, "Sharing the cores").
+no AMX): 74 ms plain, 50 ms packed and fused (docs/engines.md, "Packed projections on a CPU in bf16").
 
 The model's parameters stay the source of truth: a packed copy remembers the version counter and storage of every
 parameter it was made from, and is made again before the next step that finds one changed (a weight update, a
@@ -43,7 +43,7 @@ def packing_supported(model: Any) -> str | None:
 
 
 class Packed:
-    """One packed matmul: the weights of `sources` stacked along the output axis, laid out by oneDNN, re-made when
+    """One packed matmul: `weights` (and `biases`) stacked along the output axis, laid out by oneDNN, re-made when
     any of them changes."""
 
     def __init__(self, weights: Sources, biases: Sources, rows_hint: int) -> None:
