@@ -9,6 +9,7 @@ prompts and the template's closing newline have mask 0.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -23,6 +24,7 @@ from envhub.chat_tokens import ChatTokens
 from envhub.errors import ConfigError
 from envhub.trainer.engines.embedded.threads import apply_threads
 from envhub.trainer.learner.layers import freeze_below_top_layers
+from envhub.trainer.learner.precision import resolve_precision
 
 if TYPE_CHECKING:
     from envhub.trainer.run.cores import CoreShare
@@ -127,10 +129,13 @@ def run_sft(
     max_time_s: float = 0.0,
     train_layers: int = 0,
     threads: Callable[[], int] | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> dict[str, float]:
     """Fine-tune `model` in place; returns first/last batch loss, steps and seconds.
 
     `threads` (the run's `CoreShare.alone`) gives the torch threads of each step, re-read before every step.
+    `autocast` wraps each forward pass: the run's `Precision.autocast` (bf16 compute on fp32 masters, as the RL
+    learner computes), or nothing (the model's own dtype).
 
     With `train_layers`, only the top layers learn: the backward pass stops there, which on a CPU roughly halves
     a step's cost (the lower layers and the tied embeddings keep their weights).
@@ -150,7 +155,8 @@ def run_sft(
                     break
                 if threads is not None:
                     apply_threads(threads())
-                loss = sft_loss(model, order[i : i + batch_size], pad_id)
+                with autocast():
+                    loss = sft_loss(model, order[i : i + batch_size], pad_id)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -202,6 +208,7 @@ async def warm_start(
         max_time_s=sft.max_time_s,
         train_layers=sft.train_layers,
         threads=cores.alone if cores is not None else None,
+        autocast=resolve_precision(config.model.device, config.model.dtype).autocast,
     )
     print(
         f"sft: {stats['steps']} steps on {stats['examples']} conversations, loss {stats['first_loss']:.3f} -> "

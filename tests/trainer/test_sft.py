@@ -234,3 +234,26 @@ async def test_collect_gives_the_env_its_own_max_turns_and_caps_the_collector_ap
     assert sum(m["role"] == "assistant" for m in demo.messages) == 8  # the env's 8 turns, not its default 5
     (capped,) = await collect("Corridor-v0", 1, tmp_path / "d.jsonl", max_turns=3, env_kwargs=waster)
     assert sum(m["role"] == "assistant" for m in capped.messages) == 3
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+async def test_sft_computes_in_the_runs_precision_on_fp32_masters(tokenizer, tmp_path, dtype):
+    # model.dtype bfloat16 means fp32 master weights and bf16 compute for every learner stage, SFT included: before,
+    # SFT ran its matmuls in fp32 whatever the config said (on a CPU with bf16 units, about half their speed)
+    from envhub.trainer.models import tiny_llama
+    from envhub.trainer.sft import warm_start
+
+    await collect("FrozenLake-v0", 2, tmp_path / "expert.jsonl")
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny", "dtype": dtype},
+            "tasks": [{"env": "FrozenLake-v0"}],
+            "sft": {"data": str(tmp_path / "expert.jsonl"), "epochs": 1, "lr": 1e-3, "batch_size": 2},
+        }
+    )
+    model = tiny_llama(tokenizer, seed=0)
+    seen = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    stats = await warm_start(model, tokenizer, config, tmp_path)
+    assert stats["steps"] == 1 and seen and set(seen) == {getattr(torch, dtype)}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the masters stay fp32
