@@ -44,6 +44,7 @@ import torch
 from envhub.inference import InferenceEngine, SamplingParams
 from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.hardware import engine_dtype
+from envhub.trainer.engines.embedded.projections import PackedProjections
 from envhub.trainer.engines.kinds import engine_kind
 from envhub.trainer.models import load_model, pick_device, resolve_model_path
 
@@ -72,7 +73,7 @@ async def build_embedded(args: argparse.Namespace, unpacked: bool = False) -> tu
         threads=args.threads if args.threads == "auto" else int(args.threads),
         pack_weights=False if unpacked else None,
     )
-    packed = type(engine.runner.projections).__name__ == "PackedProjections"
+    packed = isinstance(engine.runner.projections, PackedProjections)
     return engine, {
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),

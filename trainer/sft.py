@@ -192,12 +192,9 @@ async def warm_start(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     from envhub.trainer.engines.embedded import releasing_openmp
 
-    def sft_on_learner_thread(*args: Any, **kwargs: Any) -> dict[str, float]:
-        with cores.learner_thread():  # its OpenMP workers released at the end, as releasing_openmp does
-            return run_sft(*args, **kwargs)
-
+    # on the learner's thread rule: its priority, and its OpenMP workers released at the end as releasing_openmp does
     stats = await asyncio.to_thread(
-        releasing_openmp(run_sft) if cores is None else sft_on_learner_thread,
+        releasing_openmp(run_sft) if cores is None else cores.learner_thread()(run_sft),
         model,
         examples,
         epochs=sft.epochs,

@@ -14,12 +14,12 @@ from envhub.trainer.engines.embedded.shapes import batch_bucket, projection_rows
 torch = pytest.importorskip("torch")
 
 
-def runner_with_rows(model, prompts, max_rows=8, expand_gqa=None):
+def runner_with_rows(model, prompts, max_rows=8, expand_gqa=None, packed=None):
     cache = KVCache(kv_layout(model), 1 << 24, max_rows=max_rows, max_tokens=2048)
     cache.reserve(len(prompts), 64)
     for _ in prompts:
         cache.add_row()
-    runner = ModelRunner(model, cache, expand_gqa=expand_gqa)
+    runner = ModelRunner(model, cache, expand_gqa=expand_gqa, packed=packed)
     return runner, runner.prefill(0, prompts, 0)
 
 

@@ -13,6 +13,7 @@ from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.kv_cache import KVCache
 from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.embedded.projections import ModuleProjections, PackedProjections, packing_supported
+from tests.trainer.engines.embedded.test_model_runner import runner_with_rows
 
 torch = pytest.importorskip("torch")
 
@@ -29,13 +30,9 @@ def bf16_model(tiny_model):
 
 def run_steps(model, prompts, packed, decode_steps=3):
     """Prefill `prompts`, then greedy decode steps; every step's logits."""
-    cache = KVCache(kv_layout(model), 1 << 24, max_rows=8, max_tokens=2048)
-    cache.reserve(len(prompts), 64)
-    for _ in prompts:
-        cache.add_row()
-    runner = ModelRunner(model, cache, packed=packed)
     with torch.inference_mode():
-        outputs = [runner.prefill(0, prompts, 0)]
+        runner, first = runner_with_rows(model, prompts, packed=packed)
+        outputs = [first]
         step = DecodeStep(runner)
         for _ in range(decode_steps):
             outputs.append(step(outputs[-1].argmax(-1).tolist()))
