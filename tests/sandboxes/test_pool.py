@@ -101,21 +101,40 @@ async def test_gc_and_pool_start_remove_orphans_of_a_crashed_process(base_image,
     assert not any(p.name.startswith(owner + "-") for p in sandboxes_dir().iterdir())
 
 
+def started_orphans(image: str, count: int) -> tuple[int, list[str]]:
+    """`count` running sandbox containers whose owner process is dead; returns (that pid, their ids).
+
+    The owner lives until every container has started: another xdist worker's pool removes orphans whenever it
+    starts, and a container created for a pid already dead could be taken between its create and its start (Docker
+    then refuses the start: "marked for removal").
+    """
+    owner = subprocess.Popen(["sleep", "infinity"])
+    try:
+        ids = [
+            shared_client()
+            .containers.run(
+                image,
+                ["sleep", "infinity"],
+                detach=True,
+                network_mode="none",
+                labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(owner.pid)},
+            )
+            .id
+            for _ in range(count)
+        ]
+    finally:
+        owner.kill()
+        owner.wait()
+    return owner.pid, ids
+
+
 async def test_pool_start_removes_orphans(base_image):
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    container = shared_client().containers.run(
-        base_image,
-        ["sleep", "infinity"],
-        detach=True,
-        network_mode="none",
-        labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)},
-    )
+    _, (container_id,) = started_orphans(base_image, 1)
     async with SandboxPool(backend="docker", image=base_image, size=0, max_size=1):
         pass
     # a pool starting on another worker at the same moment may be the one removing it (Docker then answers this
     # pool's removal with 409, removal in progress): start waits for that removal, so the container is gone now
-    assert not shared_client().api.containers(all=True, filters={"id": container.id})
+    assert not shared_client().api.containers(all=True, filters={"id": container_id})
 
 
 def test_concurrent_orphan_removals_each_return_only_when_the_orphans_are_gone(base_image):
@@ -123,24 +142,11 @@ def test_concurrent_orphan_removals_each_return_only_when_the_orphans_are_gone(b
 
     from envhub.sandboxes.docker_backend import remove_orphans
 
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    ids = [
-        shared_client()
-        .containers.run(
-            base_image,
-            ["sleep", "infinity"],
-            detach=True,
-            network_mode="none",
-            labels={LABEL_SANDBOX: "1", LABEL_OWNER: str(dead.pid)},
-        )
-        .id
-        for _ in range(4)
-    ]
+    owner, ids = started_orphans(base_image, 4)
 
     def remove_then_list() -> tuple[list[str], list]:
         removed = remove_orphans()
-        return removed, shared_client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={dead.pid}"})
+        return removed, shared_client().api.containers(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
 
     with ThreadPoolExecutor(3) as pool:
         outcomes = list(pool.map(lambda _: remove_then_list(), range(3)))
