@@ -137,6 +137,12 @@ def _shutdown(gateway: Any) -> None:
 
 RUNTIME = _Runtime()
 _SPLITS: dict[str, dict[str, list[int]]] = {}  # task -> split -> variation indices (ScienceWorld's, per task)
+# (task, simplifications, variation) -> the legal actions at the variation's start. A variation always starts in
+# the same state and legal_actions() names it the same way on every load, while listing it costs two simulator
+# calls (~0.1-0.2 s); training resets the same variation many times (a GRPO group), so each start is listed once.
+_START_ACTIONS: dict[tuple[str, str, int], list[str]] = {}
+_START_ACTIONS_KEPT = 256  # past this, the oldest entry goes
+_START_ACTIONS_LOCK = threading.Lock()
 
 
 class SciWorldEnv(AgentEnv):
@@ -169,6 +175,8 @@ class SciWorldEnv(AgentEnv):
         self.observation_space = UnicodeText(TEXT_LENGTH)
         self.server = RUNTIME.interface()
         self._loaded: tuple[int, bool] | None = None  # (variation, with gold path) in the simulator now
+        self._fresh = False  # the simulator was loaded and has taken no action since
+        self._templates: dict[int, list[str]] = {}  # template id -> its text split at OBJ; fixed by the task
         splits = self._splits()
         if variation is not None and variation not in range(self.server.getTaskMaxVariations(task)):
             raise ConfigError(f"{task} has no variation {variation}", hint=f"variations: 0-{sum(map(len, splits)) - 1}")
@@ -207,7 +215,7 @@ class SciWorldEnv(AgentEnv):
         except Exception as exc:  # py4j wraps the simulator's refusal (unknown task, bad simplification)
             message = " ".join(str(exc).split())[:200]
             raise ConfigError(f"ScienceWorld refused to load {self.task} variation {variation}: {message}") from None
-        self._loaded = (variation, gold)
+        self._loaded, self._fresh = (variation, gold), True
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
@@ -226,7 +234,9 @@ class SciWorldEnv(AgentEnv):
         """Back to the variation's start, looking around, as ScienceWorld's own reset does."""
         server = self.server
         try:
-            server.reset()
+            if not self._fresh:  # the simulator's reset loads the variation again: just loaded, it is at the start
+                server.reset()
+            self._fresh = False
             look = server.step("look around")
             task, inventory = server.freeActionTaskDesc(), server.freeActionInventory()
         except Exception as exc:
@@ -266,8 +276,19 @@ class SciWorldEnv(AgentEnv):
             "legal_actions": [],
         }
         if self.list_legal and not self._done:
-            info["legal_actions"] = self.legal_actions()
+            info["legal_actions"] = self._start_actions() if self.steps == 0 else self.legal_actions()
         return info
+
+    def _start_actions(self) -> list[str]:
+        key = (self.task, self.simplifications, self.current)
+        known = _START_ACTIONS.get(key)
+        if known is None:
+            known = self.legal_actions()
+            with _START_ACTIONS_LOCK:
+                if len(_START_ACTIONS) >= _START_ACTIONS_KEPT:
+                    del _START_ACTIONS[next(iter(_START_ACTIONS))]
+                _START_ACTIONS[key] = known
+        return list(known)
 
     def legal_actions(self) -> list[str]:
         """The valid action-object combinations of the moment, each object named the same way every time.
@@ -278,14 +299,17 @@ class SciWorldEnv(AgentEnv):
         Doors have no names in the simulator's table: each gets the longest name the simulator used for it.
         """
         server = self.server
-        templates = {t["template_id"]: t["action_example"] for t in json.loads(server.getPossibleActionsWithIDs())}
+        if not self._templates:
+            listed = json.loads(server.getPossibleActionsWithIDs())
+            self._templates = {t["template_id"]: t["action_example"].split("OBJ") for t in listed}
+        templates = self._templates
         objects = json.loads(server.getAllObjectIdsTypesReferentsLUTJSON())
         counts = Counter(name for entry in objects.values() for name in set(entry["referents"]))
         names = {int(k): _canonical_name(v["referents"], counts) for k, v in objects.items()}
         valid = [
-            (templates[v["template_id"]].split("OBJ"), [int(o) for o in v["obj_ids"]], str(v["action"]))
+            (templates[v["template_id"]], [int(o) for o in v["obj_ids"]], str(v["action"]))
             for v in json.loads(server.getValidActionObjectCombinationsJSON())["validActions"]
-            if v["template_id"] in templates and len(templates[v["template_id"]].split("OBJ")) == len(v["obj_ids"]) + 1
+            if v["template_id"] in templates and len(templates[v["template_id"]]) == len(v["obj_ids"]) + 1
         ]
         for parts, ids, said in valid:  # learn the doors' names from the simulator's own words
             unnamed = [o for o in ids if not names.get(o)]
