@@ -106,10 +106,12 @@ def main() -> None:
     args = parser.parse_args()
     config = yaml.safe_load((ROOT / args.config).read_text())
     report: dict[str, Any] = {"config": args.config, "cpu_count": os.cpu_count(), "load": args.load, "runs": []}
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from engines import Load
+    load = contextlib.nullcontext()
+    if args.load:  # engines.py imports torch and transformers: ~6 CPU-seconds this process needs for nothing else
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from engines import Load
 
-    load = Load(args.load) if args.load else contextlib.nullcontext()
+        load = Load(args.load)
     with tempfile.TemporaryDirectory(prefix="envhub-ci-tiny-") as work, load:
         for seed in (int(s) for s in args.seeds.split(",")):
             run = train(config, seed, Path(work))

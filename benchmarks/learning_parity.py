@@ -351,8 +351,8 @@ def merge_results(reports: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     return {**header, "complete": True, "runs": runs, **summarise(runs)}
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line, with the seeds parsed into `args.seed_list`."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (`argv`, or sys.argv's), with the seeds parsed into `args.seed_list`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/ci-tiny.yaml")
     parser.add_argument("--steps", type=int, default=16)
@@ -394,7 +394,7 @@ def parse_args() -> argparse.Namespace:
         metavar="RESULT_JSON",
         help="train nothing: combine result files of the same settings over different seeds into --out",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -480,8 +480,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.merge:
         try:
             merge_files(args.merge, Path(args.out))

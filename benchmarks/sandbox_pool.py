@@ -1,10 +1,12 @@
 """Sandbox pool benchmark: acquire latency (warm pool vs cold start) and exec round-trip, docker and bwrap.
 
-    python benchmarks/sandbox_pool.py [--backends docker bwrap] [--n 30] [--images 8] [--out results.json]
+    python benchmarks/sandbox_pool.py [--backends docker bwrap] [--n 30] [--images 8] [--think-s 1.0]
+        [--out results.json]
 
 With `--images K` (docker), a `MultiImagePool` serves episodes over K images (a skewed, seeded mix, 4 at
 a time) with no warm spares and with a spares budget of K/2, side by side: acquire latency, start latency
-and warm-hit rate with many images.
+and warm-hit rate with many images. Each of those episodes holds its sandbox for --think-s seconds (the agent
+thinking; twice that in the GRPO groups).
 The exec round-trip is compared with the engine's own path measured in the same run: the `docker exec`
 CLI (and the docker SDK's `exec_run`) for docker, and a bare `bwrap ... true` for bwrap.
 """
@@ -19,9 +21,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envhub.sandboxes import SandboxPool
 from envhub.sandboxes.images import ensure_base_image, ensure_rootfs
+
+if TYPE_CHECKING:
+    from envhub.sandboxes.multipool import MultiImagePool
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
@@ -37,6 +43,13 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 async def _wait_for_spares(pool: SandboxPool) -> None:
     while pool.metrics().spares < pool.size:
+        await asyncio.sleep(0.02)
+
+
+async def _wait_for_multi_spares(pools: MultiImagePool, count: int, deadline_s: float = 120.0) -> None:
+    """Until `count` spares are warm across the pools (or `deadline_s` passed: the hit rate then shows the misses)."""
+    until = time.monotonic() + deadline_s
+    while pools.metrics().spares < count and time.monotonic() < until:
         await asyncio.sleep(0.02)
 
 
@@ -95,7 +108,7 @@ def _sdk_exec_latencies(n: int) -> list[float]:
         container.remove(force=True)
 
 
-async def _many_images(tags: list[str], episodes: int, budget: int) -> dict:
+async def _many_images(tags: list[str], episodes: int, budget: int, think_s: float) -> dict:
     import random
 
     from envhub.sandboxes.multipool import MultiImagePool
@@ -110,7 +123,7 @@ async def _many_images(tags: list[str], episodes: int, budget: int) -> dict:
             async with gate:
                 async with pools.acquire(tag) as sb:
                     await sb.exec("true", timeout=30)
-                    await asyncio.sleep(1.0)  # the agent thinking
+                    await asyncio.sleep(think_s)  # the agent thinking
 
         started = time.perf_counter()
         await asyncio.gather(*(episode(tag) for tag in order))
@@ -130,7 +143,7 @@ async def _many_images(tags: list[str], episodes: int, budget: int) -> dict:
     }
 
 
-async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool) -> dict:
+async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool, think_s: float) -> dict:
     """GRPO's pattern: each group runs `group_size` episodes of one instance (image) at once; with `prewarm`,
     the next group's image gets `group_size` spares while the current group runs."""
     from envhub.sandboxes.multipool import MultiImagePool
@@ -140,12 +153,12 @@ async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool) -> dict:
     ) as pools:
         if prewarm:
             await pools.prewarm(tags[0], count=group_size)
-            await asyncio.sleep(group_size * 1.5)  # the first group's spares, as if warmed while the model loads
+            await _wait_for_multi_spares(pools, group_size)  # the first group's, as if warmed while the model loads
 
         async def episode(tag: str) -> None:
             async with pools.acquire(tag) as sb:
                 await sb.exec("true", timeout=30)
-                await asyncio.sleep(2.0)  # the agent thinking
+                await asyncio.sleep(2 * think_s)  # the agent thinking
 
         started = time.perf_counter()
         for index, tag in enumerate(tags):
@@ -178,22 +191,22 @@ def _image_tags(k: int) -> list[str]:
     return tags
 
 
-async def run(backends: list[str], n: int, images: int = 0) -> dict:
+async def run(backends: list[str], n: int, images: int = 0, think_s: float = 1.0) -> dict:
     results: dict = {}
     if images and "docker" in backends:
         tags = await asyncio.to_thread(_image_tags, images)
         try:
             episodes = max(n, 3 * images)
-            cold = await _many_images(tags, episodes, 0)
-            warm = await _many_images(tags, episodes, max(images // 2, 1))
+            cold = await _many_images(tags, episodes, 0, think_s)
+            warm = await _many_images(tags, episodes, max(images // 2, 1), think_s)
             results["docker_many_images"] = {
                 "no_spares": cold,
                 "lru_spares": warm,
                 "acquire_p50_ratio": round(cold["acquire_p50_ms"] / max(warm["acquire_p50_ms"], 1e-3), 1),
             }
             groups = tags[: min(len(tags), 4)]
-            cold_groups = await _grpo_groups(groups, 2, prewarm=False)
-            warm_groups = await _grpo_groups(groups, 2, prewarm=True)
+            cold_groups = await _grpo_groups(groups, 2, prewarm=False, think_s=think_s)
+            warm_groups = await _grpo_groups(groups, 2, prewarm=True, think_s=think_s)
             results["docker_grpo_groups"] = {
                 "cold": cold_groups,
                 "prewarmed": warm_groups,
@@ -261,13 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", default=["docker", "bwrap"], choices=["docker", "bwrap", "local"])
     parser.add_argument("--n", type=int, default=30, help="samples per measurement")
     parser.add_argument("--images", type=int, default=0, help="also measure a pool over this many images (docker)")
+    parser.add_argument(
+        "--think-s", type=float, default=1.0, help="seconds each many-images episode holds its sandbox (GRPO: twice)"
+    )
     parser.add_argument("--out", default="benchmarks/results/sandbox_pool.json", help="where the JSON goes")
     args = parser.parse_args(argv)
     if "docker" in args.backends:
         ensure_base_image()
     if "bwrap" in args.backends:
         ensure_rootfs(build=False)
-    results = asyncio.run(run(args.backends, args.n, args.images))
+    results = asyncio.run(run(args.backends, args.n, args.images, args.think_s))
     print_table(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

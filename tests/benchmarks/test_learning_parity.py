@@ -271,29 +271,14 @@ def test_bad_command_lines_are_refused_before_training(argv, message):
 
 
 @pytest.mark.slow
-def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path):
+def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path, monkeypatch, capsys):
+    # in this process: a subprocess paid ~4 s importing torch and ~3 s tearing it down, beside the seconds of training
+    # (the command line as a process is test_bad_command_lines_are_refused_before_training's and the merge test's)
+    monkeypatch.chdir(ROOT)
     out = tmp_path / "parity.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "learning_parity.py"),
-            "--steps",
-            "2",
-            "--seeds",
-            "0",
-            "--eval-episodes",
-            "4",
-            "--set",
-            "rollout.group_size=4",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    parity.main(
+        ["--steps", "2", "--seeds", "0", "--eval-episodes", "4", "--set", "rollout.group_size=4", "--out", str(out)]
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     for mode in ("sync", "async"):
         (run,) = report["runs"][mode]
@@ -302,7 +287,7 @@ def test_one_seed_of_both_modes_trains_and_writes_json(tmp_path):
     assert report["equal_steps"] and report["after_async_minus_sync_by_seed"] == [
         report["runs"]["async"][0]["eval_after"] - report["runs"]["sync"][0]["eval_after"]
     ]
-    assert "async - sync final eval" in proc.stdout
+    assert "async - sync final eval" in capsys.readouterr().out
 
 
 WARM_CONFIG = """
@@ -330,14 +315,17 @@ def run_parity(*argv: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_warm_start_runs_sft_once_and_every_run_starts_from_its_checkpoint(tmp_path):
+def test_warm_start_runs_sft_once_and_every_run_starts_from_its_checkpoint(tmp_path, monkeypatch, capsys):
+    # the benchmark in this process, as in test_one_seed_of_both_modes_trains_and_writes_json
+    monkeypatch.chdir(ROOT)
     config = tmp_path / "warm.yaml"
     config.write_text(WARM_CONFIG)
     checkpoint, out = tmp_path / "sft", tmp_path / "parity.json"
     common = ["--config", str(config), "--steps", "1", "--eval-episodes", "2", "--temperature", "0"]
-    proc = run_parity(*common, "--seeds", "0,1", "--warm-start", str(checkpoint), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("sft:") == 1 and "saved the SFT checkpoint" in proc.stdout
+    # one seed per batch: both modes of seed 0 here, and seed 1 in the later batch below, start from the checkpoint
+    parity.main([*common, "--seeds", "0", "--warm-start", str(checkpoint), "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert stdout.count("sft:") == 1 and "saved the SFT checkpoint" in stdout  # one stage for the two runs
     record = json.loads((checkpoint / "warm_start.json").read_text())
     assert (checkpoint / "config.json").exists() and list(checkpoint.glob("*.safetensors"))
     assert record["seed"] == 7 and record["sft"]["examples"] > 0 and not (tmp_path / "sft.partial").exists()
@@ -345,23 +333,28 @@ def test_warm_start_runs_sft_once_and_every_run_starts_from_its_checkpoint(tmp_p
     report = json.loads(out.read_text())
     assert report["warm_start_weights_sha256"] == record["weights_sha256"]
     assert report["warm_start"]["dir"] == str(checkpoint.resolve()) and report["overrides"] == []
-    # one checkpoint, greedy held-out episodes: every run of every seed scores it the same before RL
-    befores = {run["eval_before"] for mode in ("sync", "async") for run in report["runs"][mode]}
-    assert len(befores) == 1 and all(run["eval_sft"] is None for run in report["runs"]["sync"])
+    assert all(run["eval_sft"] is None for run in report["runs"]["sync"])
 
     # a later batch of seeds reuses it (no second SFT stage) and merges with the first
     second = tmp_path / "parity2.json"
-    proc = run_parity(*common, "--seeds", "2", "--warm-start", str(checkpoint), "--out", str(second))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "reusing" in proc.stdout and "sft:" not in proc.stdout
-    merged = parity.merge_results([("a", report), ("b", json.loads(second.read_text()))])
-    assert merged["seeds"] == [0, 1, 2]
+    parity.main([*common, "--seeds", "1", "--warm-start", str(checkpoint), "--out", str(second)])
+    stdout = capsys.readouterr().out
+    assert "reusing" in stdout and "sft:" not in stdout
+    later = json.loads(second.read_text())
+    # one checkpoint, greedy held-out episodes: every run of every seed scores it the same before RL
+    befores = {
+        run["eval_before"] for batch in (report, later) for mode in ("sync", "async") for run in batch["runs"][mode]
+    }
+    assert len(befores) == 1
+    merged = parity.merge_results([("a", report), ("b", later)])
+    assert merged["seeds"] == [0, 1]
     with pytest.raises(ConfigError, match="warm_start_weights_sha256"):
         parity.merge_results([("a", report), ("c", {**report, "warm_start_weights_sha256": "0" * 64})])
 
-    # other SFT settings may not reuse it: refused before any training, naming the section
-    proc = run_parity(*common, "--set", "sft.lr=0.01", "--warm-start", str(checkpoint), "--out", str(second))
-    assert proc.returncode == 1 and "made with another sft: section" in proc.stderr
+    # other SFT settings may not reuse it: refused before any training, naming the section (a SystemExit with a
+    # message: exit status 1, the message on stderr)
+    with pytest.raises(SystemExit, match="made with another sft: section"):
+        parity.main([*common, "--set", "sft.lr=0.01", "--warm-start", str(checkpoint), "--out", str(second)])
 
 
 @pytest.mark.parametrize(
