@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from envhub.inference import SamplingParams
+from envhub.trainer.engines import watch
 from envhub.trainer.engines.protocol import episode_key
 from envhub.trainer.engines.routing import http_engines, watched_engines
 from envhub.trainer.engines.watch import EngineDown
@@ -75,12 +76,21 @@ async def generate(engine, episode: str):
         episode_key.reset(token)
 
 
-async def test_a_dead_server_fails_over_rejoins_with_the_latest_weights_or_is_lost(servers, tokenizer, tmp_path):
+async def test_a_dead_server_fails_over_rejoins_with_the_latest_weights_or_is_lost(
+    servers, tokenizer, tmp_path, monkeypatch
+):
     from envhub.trainer.models import tiny_llama
+
+    # the recovery's wait between polls doubles up to 10 s: the restarted server (up in 5-10 s) could stay unseen
+    # that much longer; polling at least once a second finds it as soon as it answers
+    monkeypatch.setattr(watch, "MAX_BACKOFF_S", 1.0)
 
     probes = http_engines(servers.urls).engines
     await until(lambda: _all_healthy(probes), "both servers")
-    multi = watched_engines(http_engines(servers.urls).engines, max_outage_s=120)  # no background probe: the
+    # clients that do not retry: each call and health check on a dead server would first spend the client's own
+    # retries (0.4 + 0.8 + 1.6 s) before it counts as down; the trainer rides those out in test_engine_outage.py
+    retries = 0
+    multi = watched_engines(http_engines(servers.urls, retries=retries).engines, max_outage_s=120)  # no probe: the
     first = [await generate(multi, f"ep{i}") for i in range(4)]  # dead server is found by the request sent to it
     assert sorted(r.meta["engine"] for r in first) == [0, 0, 1, 1]
     on_second = next(f"ep{i}" for i, r in enumerate(first) if r.meta["engine"] == 1)
@@ -103,7 +113,7 @@ async def test_a_dead_server_fails_over_rejoins_with_the_latest_weights_or_is_lo
     await multi.close()
 
     # the same servers, a run that waits 1 s for a server: one that stays away is lost, the run goes on until both are
-    multi = watched_engines(http_engines(servers.urls).engines, max_outage_s=1.0)
+    multi = watched_engines(http_engines(servers.urls, retries=retries).engines, max_outage_s=1.0)
     multi.start_watch()
     servers.kill(1)
     await until(lambda: multi.engines[1].lost, "the dead server to be lost", timeout=30)

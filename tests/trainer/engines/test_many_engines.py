@@ -53,8 +53,9 @@ def _serve_two(weights_root):
         for p in ports
     ]
     yield ",".join(f"http://127.0.0.1:{p}" for p in ports), procs
-    for proc in procs:
+    for proc in procs:  # both stop at once: each takes a second or two to exit
         proc.terminate()
+    for proc in procs:
         proc.wait(timeout=30)
 
 
