@@ -117,11 +117,18 @@ class SGLangEngine(InferenceEngine):
         return headers | (extra or {})
 
     async def _request(
-        self, method: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        *,
+        retries: int | None = None,
     ) -> tuple[int, Any]:
-        """Send one request, retrying connection failures and 5xx answers; returns (status, JSON or text)."""
+        """Send one request, retrying connection failures and 5xx answers (`retries` times, else the client's);
+        returns (status, JSON or text)."""
         last: Exception | None = None
-        for attempt in range(self.retries + 1):
+        for attempt in range((self.retries if retries is None else retries) + 1):
             if attempt:
                 await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
             try:
@@ -357,9 +364,13 @@ class SGLangEngine(InferenceEngine):
         await self._post("/abort_request", body)
 
     async def get_json(self, path: str) -> tuple[int, Any]:
-        """GET `path` once; (status, JSON or text), or (0, None) when the server cannot be reached."""
+        """GET `path` once; (status, JSON or text), or (0, None) when the server cannot be reached.
+
+        Once, not with the client's retries: a probe answers whether the server is up now. Retried, a dead server's
+        probe took 2.8 s (0.4 + 0.8 + 1.6 s of back-off), which stretched the outage watcher's probe period and its
+        `max_outage_s` (a 1 s bound was found ~7.6 s after the server died)."""
         try:
-            return await self._request("GET", path)
+            return await self._request("GET", path, retries=0)
         except EngineError:
             return 0, None
 
