@@ -20,6 +20,7 @@ import pytest
 
 FILE = Path(__file__).with_name("durations.json")
 KEEP_S = 5.0  # shorter tests stay where they are collected
+_GROUP = re.compile(r"@[\w.-]+$")
 _LINE = re.compile(r"^\s*(?:\[\s*[\d.]+\]\s*)?(\d+(?:\.\d+)?)s (?:setup|call|teardown)\s+(\S+)\s*$")
 
 
@@ -49,8 +50,8 @@ def parse(log: str) -> dict[str, float]:
     total: dict[str, float] = defaultdict(float)
     for line in log.splitlines():
         match = _LINE.match(line)
-        if match:
-            total[match.group(2)] += float(match.group(1))
+        if match:  # xdist's loadgroup appends `@group` to a grouped test's id; the file keys the plain id
+            total[_GROUP.sub("", match.group(2))] += float(match.group(1))
     return {node: round(s, 1) for node, s in sorted(total.items(), key=lambda kv: -kv[1]) if s >= KEEP_S}
 
 
