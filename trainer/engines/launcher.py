@@ -67,10 +67,15 @@ def module_command(python: str | Path, module: str, args: Sequence[str]) -> list
 class ManagedServer:
     """One server process group: start, wait until ready, stop (SIGTERM, then SIGKILL), clean up."""
 
-    def __init__(self, name: str, process: subprocess.Popen, log_path: Path, shm_before: set[str]) -> None:
+    def __init__(
+        self, name: str, process: subprocess.Popen, log_path: Path, shm_before: set[str], owns_log: bool = False
+    ) -> None:
         self.name = name
         self.process = process
         self.log_path = log_path
+        # a temp log of ours goes at a clean stop; one an error message pointed to, or of a crash, stays
+        self._owns_log = owns_log
+        self._log_shown = False
         self._shm_before = shm_before
         self._group_pids: set[int] = {process.pid}
 
@@ -85,8 +90,8 @@ class ManagedServer:
         cwd: str | Path | None = None,
         inherit_output: bool = False,
     ) -> ManagedServer:
-        """Start `command` in a new session, its stdout and stderr going to `log_path` (a temp file by default),
-        or to ours with `inherit_output` (a server run in the foreground)."""
+        """Start `command` in a new session, its stdout and stderr going to `log_path` (a temp file by default,
+        removed by a clean `stop()`), or to ours with `inherit_output` (a server run in the foreground)."""
         path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"envhub-{name}-", suffix=".log")[1])
         path.parent.mkdir(parents=True, exist_ok=True)
         shm_before = _shm_names()
@@ -103,7 +108,7 @@ class ManagedServer:
                 )
             except OSError as exc:
                 raise EngineError(f"cannot start {name}: {exc}", hint=f"command: {' '.join(command[:3])} ...") from exc
-        server = cls(name, process, path, shm_before)
+        server = cls(name, process, path, shm_before, owns_log=not log_path)
         with _RUNNING_LOCK:
             _RUNNING.add(server)
         return server
@@ -118,7 +123,8 @@ class ManagedServer:
         return self.process.poll()
 
     def log_tail(self, chars: int = 3000) -> str:
-        """The end of the server's log (for error messages)."""
+        """The end of the server's log (for error messages: the log is then kept)."""
+        self._log_shown = True
         try:
             with open(self.log_path, "rb") as log:
                 log.seek(0, os.SEEK_END)
@@ -186,6 +192,8 @@ class ManagedServer:
         # A group that exited on our SIGTERM unlinked its own segments; only a killed or crashed one leaks them.
         # Cleaning only then keeps us away from segments other servers are creating at this very moment.
         clean_shm_leftovers(self._shm_before, self._group_pids, segments=killed)
+        if self._owns_log and not killed and not self._log_shown:  # else every launched server left one in /tmp
+            self.log_path.unlink(missing_ok=True)
         return self.process.returncode
 
     def _reap(self, timeout: float = 0.0) -> None:

@@ -208,3 +208,27 @@ def test_ctrl_c_in_the_parent_stops_the_server_group():
     output = parent.communicate(timeout=60)[0]
     assert "KeyboardInterrupt" in output
     assert wait_gone(server_pid) and not _group_members(server_pid)
+
+
+def test_a_temp_log_goes_at_a_clean_stop_and_stays_after_a_crash_or_an_error_message(tmp_path):
+    sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+    clean = ManagedServer.start("clean", sleeper)
+    assert clean.log_path.exists()
+    clean.stop()
+    assert not clean.log_path.exists()  # else each launched engine left a log in /tmp
+
+    crashed = ManagedServer.start("crashed", [sys.executable, "-c", "raise SystemExit('bad weights')"])
+    crashed.process.wait(timeout=60)
+    crashed.stop()
+    assert "bad weights" in crashed.log_path.read_text()  # the one to read
+    crashed.log_path.unlink()
+
+    shown = ManagedServer.start("shown", sleeper)
+    assert f"full log: {shown.log_path}" in str(shown.exit_error())  # an error message pointed to it
+    shown.stop()
+    assert shown.log_path.exists()
+    shown.log_path.unlink()
+
+    given = ManagedServer.start("given", sleeper, log_path=tmp_path / "given.log")
+    given.stop()
+    assert (tmp_path / "given.log").exists()  # a log the caller asked for is the caller's
