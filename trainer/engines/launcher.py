@@ -51,6 +51,30 @@ _PDEATHSIG_SHIM = (
 _RUNNING: set[ManagedServer] = set()
 _RUNNING_LOCK = threading.Lock()
 
+# Servers started without a log path log to a folder of their own under the temp dir, one per user, which keeps
+# the newest KEPT_LOGS: a log stays for reading after the run (an error names it, a server-side traceback is in it),
+# and a machine that launches servers all day does not collect them without end.
+KEPT_LOGS = 32
+
+
+def default_log(name: str) -> Path:
+    """A new log file for a server called `name`, in the per-user log folder, past logs beyond KEPT_LOGS removed."""
+    folder = Path(tempfile.gettempdir()) / f"envhub-server-logs-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    logs = sorted(folder.glob("*.log"), key=_mtime)
+    for old in logs[: max(0, len(logs) - (KEPT_LOGS - 1))]:
+        old.unlink(missing_ok=True)  # another process may have pruned it first
+    handle, path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log", dir=folder)
+    os.close(handle)
+    return Path(path)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now."""
@@ -67,15 +91,10 @@ def module_command(python: str | Path, module: str, args: Sequence[str]) -> list
 class ManagedServer:
     """One server process group: start, wait until ready, stop (SIGTERM, then SIGKILL), clean up."""
 
-    def __init__(
-        self, name: str, process: subprocess.Popen, log_path: Path, shm_before: set[str], owns_log: bool = False
-    ) -> None:
+    def __init__(self, name: str, process: subprocess.Popen, log_path: Path, shm_before: set[str]) -> None:
         self.name = name
         self.process = process
         self.log_path = log_path
-        # a temp log of ours goes at a clean stop; one an error message pointed to, or of a crash, stays
-        self._owns_log = owns_log
-        self._log_shown = False
         self._shm_before = shm_before
         self._group_pids: set[int] = {process.pid}
 
@@ -90,9 +109,9 @@ class ManagedServer:
         cwd: str | Path | None = None,
         inherit_output: bool = False,
     ) -> ManagedServer:
-        """Start `command` in a new session, its stdout and stderr going to `log_path` (a temp file by default,
-        removed by a clean `stop()`), or to ours with `inherit_output` (a server run in the foreground)."""
-        path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"envhub-{name}-", suffix=".log")[1])
+        """Start `command` in a new session, its stdout and stderr going to `log_path` (by default a new file of
+        `default_log`), or to ours with `inherit_output` (a server run in the foreground)."""
+        path = Path(log_path) if log_path else default_log(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         shm_before = _shm_names()
         with open(path, "ab") as log:
@@ -108,7 +127,7 @@ class ManagedServer:
                 )
             except OSError as exc:
                 raise EngineError(f"cannot start {name}: {exc}", hint=f"command: {' '.join(command[:3])} ...") from exc
-        server = cls(name, process, path, shm_before, owns_log=not log_path)
+        server = cls(name, process, path, shm_before)
         with _RUNNING_LOCK:
             _RUNNING.add(server)
         return server
@@ -123,8 +142,7 @@ class ManagedServer:
         return self.process.poll()
 
     def log_tail(self, chars: int = 3000) -> str:
-        """The end of the server's log (for error messages: the log is then kept)."""
-        self._log_shown = True
+        """The end of the server's log (for error messages)."""
         try:
             with open(self.log_path, "rb") as log:
                 log.seek(0, os.SEEK_END)
@@ -192,8 +210,6 @@ class ManagedServer:
         # A group that exited on our SIGTERM unlinked its own segments; only a killed or crashed one leaks them.
         # Cleaning only then keeps us away from segments other servers are creating at this very moment.
         clean_shm_leftovers(self._shm_before, self._group_pids, segments=killed)
-        if self._owns_log and not killed and not self._log_shown:  # else every launched server left one in /tmp
-            self.log_path.unlink(missing_ok=True)
         return self.process.returncode
 
     def _reap(self, timeout: float = 0.0) -> None:

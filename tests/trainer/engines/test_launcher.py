@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -210,25 +211,21 @@ def test_ctrl_c_in_the_parent_stops_the_server_group():
     assert wait_gone(server_pid) and not _group_members(server_pid)
 
 
-def test_a_temp_log_goes_at_a_clean_stop_and_stays_after_a_crash_or_an_error_message(tmp_path):
-    sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
-    clean = ManagedServer.start("clean", sleeper)
-    assert clean.log_path.exists()
-    clean.stop()
-    assert not clean.log_path.exists()  # else each launched engine left a log in /tmp
+def test_default_logs_stay_for_reading_and_only_the_newest_are_kept(tmp_path, monkeypatch):
+    from envhub.trainer.engines import launcher
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temp dir tempfile.gettempdir() answers
+    monkeypatch.setattr(launcher, "KEPT_LOGS", 3)
     crashed = ManagedServer.start("crashed", [sys.executable, "-c", "raise SystemExit('bad weights')"])
     crashed.process.wait(timeout=60)
     crashed.stop()
-    assert "bad weights" in crashed.log_path.read_text()  # the one to read
-    crashed.log_path.unlink()
-
-    shown = ManagedServer.start("shown", sleeper)
-    assert f"full log: {shown.log_path}" in str(shown.exit_error())  # an error message pointed to it
-    shown.stop()
-    assert shown.log_path.exists()
-    shown.log_path.unlink()
-
-    given = ManagedServer.start("given", sleeper, log_path=tmp_path / "given.log")
-    given.stop()
-    assert (tmp_path / "given.log").exists()  # a log the caller asked for is the caller's
+    assert "bad weights" in crashed.log_path.read_text()  # after the stop, for the person reading the error
+    folder = crashed.log_path.parent
+    assert folder.parent == tmp_path and folder.stat().st_mode & 0o777 == 0o700  # one user's logs
+    for index in range(4):
+        (folder / f"old-{index}.log").write_text("x")
+        os.utime(folder / f"old-{index}.log", (index, index))  # older than the crash's log, oldest first
+    newest = launcher.default_log("next")
+    assert sorted(p.name for p in folder.glob("*.log")) == sorted(
+        [crashed.log_path.name, "old-3.log", newest.name]
+    )  # the newest KEPT_LOGS, the new one included
