@@ -39,6 +39,7 @@ API_KEY_ENV = "ENVHUB_ENGINE_API_KEY"
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 PauseMode = Literal["retract", "in_place", "abort", "none"]
 _PROBES = ("/health", "/ready")  # a 503 there is an answer, not a failure to retry
+PROBE_RETRIES = 1  # a probe's own retries, whatever the client's (`get_json`)
 
 
 def _version_number(value: Any, default: int = 0) -> int:
@@ -364,18 +365,20 @@ class SGLangEngine(InferenceEngine):
         await self._post("/abort_request", body)
 
     async def get_json(self, path: str) -> tuple[int, Any]:
-        """GET `path` once; (status, JSON or text), or (0, None) when the server cannot be reached.
+        """GET `path`, asking again once after a short pause; (status, JSON or text), or (0, None) when the server
+        cannot be reached.
 
-        Once, not with the client's retries: a probe answers whether the server is up now. Retried, a dead server's
-        probe took 2.8 s (0.4 + 0.8 + 1.6 s of back-off), which stretched the outage watcher's probe period and its
-        `max_outage_s` (a 1 s bound was found ~7.6 s after the server died)."""
+        Not with the client's retries: a probe answers whether the server is up now. With them, a dead server's probe
+        took 2.8 s (0.4 + 0.8 + 1.6 s of back-off), which stretched the outage watcher's probe period and its
+        `max_outage_s` (a 1 s bound was found ~7.6 s after the server died). Asked once only, one dropped connection
+        to a healthy server would count as an outage (a recovery and a weight re-push); asked twice, it costs 0.4 s."""
         try:
-            return await self._request("GET", path, retries=0)
+            return await self._request("GET", path, retries=PROBE_RETRIES)
         except EngineError:
             return 0, None
 
     async def probe(self, path: str) -> int:
-        """GET `path` once; its status, or 0 when the server cannot be reached."""
+        """GET `path` as `get_json` does; its status, or 0 when the server cannot be reached."""
         return (await self.get_json(path))[0]
 
     async def flush_cache(self) -> bool:
