@@ -41,15 +41,11 @@ def _summary(samples: list[float]) -> dict[str, float]:
     }
 
 
-async def _wait_for_spares(pool: SandboxPool) -> None:
-    while pool.metrics().spares < pool.size:
-        await asyncio.sleep(0.02)
-
-
-async def _wait_for_multi_spares(pools: MultiImagePool, count: int, deadline_s: float = 120.0) -> None:
-    """Until `count` spares are warm across the pools (or `deadline_s` passed: the hit rate then shows the misses)."""
+async def _wait_for_spares(pool: SandboxPool | MultiImagePool, count: int, deadline_s: float = float("inf")) -> None:
+    """Until `count` spares are warm in `pool` (across its images for a MultiImagePool), or `deadline_s` passed
+    (the hit rate then shows the misses)."""
     until = time.monotonic() + deadline_s
-    while pools.metrics().spares < count and time.monotonic() < until:
+    while pool.metrics().spares < count and time.monotonic() < until:
         await asyncio.sleep(0.02)
 
 
@@ -57,7 +53,7 @@ async def _acquire_latencies(backend: str, n: int, *, size: int, health_interval
     samples = []
     async with SandboxPool(backend=backend, size=size, max_size=2, health_interval=health_interval) as pool:
         for _ in range(n):
-            await _wait_for_spares(pool)
+            await _wait_for_spares(pool, pool.size)
             started = time.perf_counter()
             async with pool.acquire() as sb:
                 samples.append(time.perf_counter() - started)
@@ -153,7 +149,7 @@ async def _grpo_groups(tags: list[str], group_size: int, prewarm: bool, think_s:
     ) as pools:
         if prewarm:
             await pools.prewarm(tags[0], count=group_size)
-            await _wait_for_multi_spares(pools, group_size)  # the first group's, as if warmed while the model loads
+            await _wait_for_spares(pools, group_size, 120.0)  # the first group's, as if warmed while the model loads
 
         async def episode(tag: str) -> None:
             async with pools.acquire(tag) as sb:
