@@ -94,20 +94,25 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
     return config_from_dict(data)
 
 
-async def checkpoint_curve(config: TrainConfig, run_dir: Path) -> dict[int, float]:
-    """Held-out mean reward of every saved checkpoint of a run (greedy, the run's own evaluation seeds)."""
+async def checkpoint_curve(config: TrainConfig, run_dir: Path) -> tuple[dict[int, float], int]:
+    """Held-out mean reward of every saved checkpoint of a run (the run's own evaluation settings), and the held-out
+    episodes left out by error over all of them."""
     from envhub.trainer.config import ModelConfig
     from envhub.trainer.evaluation import evaluate_policy
     from envhub.trainer.models import build_policy
 
-    curve = {}
+    curve, left_out = {}, 0
     for path in sorted((run_dir / "checkpoints").glob("step_*")):
         step = int(path.name.split("_")[1])
         model, tokenizer = build_policy(ModelConfig(name=str(path), dtype=config.model.dtype), config.seed)
-        rewards = await evaluate_policy(model, tokenizer, config)
-        means = [sum(r) / len(r) for r in rewards.values() if r]
+        result = await evaluate_policy(model, tokenizer, config)
+        means = list(result.means().values())
         curve[step] = sum(means) / len(means) if means else 0.0
-    return curve
+        left_out += result.left_out()
+        warning = result.warning(f"step {step}", config.rollout.episode_timeout_s)
+        if warning:
+            print(f"warning: {warning}", flush=True)
+    return curve, left_out
 
 
 def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
@@ -116,8 +121,11 @@ def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
 
     started = time.monotonic()
     result = asyncio.run(Trainer(config, out_dir=run_dir).run(overwrite=True))  # a scratch dir of this benchmark
-    report = json.loads((run_dir / "eval.json").read_text())["overall"]
-    curve = {0: report["before"], **asyncio.run(checkpoint_curve(config, run_dir))}
+    evaluated = json.loads((run_dir / "eval.json").read_text())
+    report = evaluated["overall"]
+    before_left_out = sum(sum(row.get("before_left_out", {}).values()) for row in evaluated.values())
+    after_left_out = sum(sum(row.get("after_left_out", {}).values()) for row in evaluated.values())
+    curve, curve_left_out = asyncio.run(checkpoint_curve(config, run_dir))
     shares = [learner_stat(r, "anchor_share", None) for r in result.history]
     shares = [s for s in shares if s is not None]
     return {
@@ -125,9 +133,11 @@ def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
         "estimator": config.algorithm.advantage,
         "seed": config.seed,
         "steps": result.last_step,
-        "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
+        "curve": {str(k): round(v, 4) for k, v in sorted({0: report["before"], **curve}.items())},
         "final": report["after"],
         "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
+        # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
+        "eval_left_out": before_left_out + after_left_out + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),
     }
 
@@ -176,6 +186,12 @@ def merge(paths: list[str], out: Path) -> dict[str, Any]:
         runs.append(record)
     envs = sorted({r["env"] for r in runs})
     report = {"envs": {env: summarise_env([r for r in runs if r["env"] == env]) for env in envs}, "runs": len(runs)}
+    # a run whose held-out episodes were left out by error has curve points over fewer episodes than the others
+    flawed = {name: r["eval_left_out"] for name, r in zip(paths, runs) if r.get("eval_left_out")}
+    if flawed:
+        report["runs_with_eval_episodes_left_out"] = flawed
+        print(f"warning: {len(flawed)} runs left held-out episodes out by error (see the runs' files); rerun them "
+              "with a longer rollout.episode_timeout_s (--set rollout.episode_timeout_s=600)", flush=True)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     for env, summary in report["envs"].items():

@@ -2,10 +2,10 @@
 
 It is `envhub eval` itself (`envhub.eval.evaluate`) with an `EngineAgent` over a `EmbeddedEngine` serving the policy,
 greedy by default, so an evaluated episode is laid out token for token as a training episode and `envhub eval` on
-the exported checkpoint plays the same episodes. Not bit for bit: with every episode in flight at once, which rows share
-a bf16 decode batch changes the sums, and a near-tie can flip (docs/trainer.md, learning parity: 3-5 of 48 greedy
-episodes differ between repeats). Each label's episodes are in RUN_DIR/eval-LABEL/ (`envhub view` reads
-them).
+the exported checkpoint plays the same episodes. Not bit for bit: with up to a batch of episodes in flight at once,
+which rows share a bf16 decode batch changes the sums, and a near-tie can flip (docs/trainer.md, learning parity: 3-5
+of 48 greedy episodes differ between repeats). Each label's episodes are in RUN_DIR/eval-LABEL/ (`envhub view` reads
+them); episodes that end in an error (a timeout) are left out of the means and counted in eval.json.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import math
 import shutil
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,47 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / len(values))
 
 
+@dataclass
+class PolicyEval:
+    """One evaluation: each task's rewards of the episodes that ended cleanly, and the episodes left out by error."""
+
+    rewards: dict[str, list[float]]
+    errors: dict[str, Counter[str]] = field(default_factory=dict)  #: task -> error kind -> episodes
+
+    def means(self) -> dict[str, float]:
+        """Mean reward per task with at least one scored episode."""
+        return {task: sum(r) / len(r) for task, r in self.rewards.items() if r}
+
+    def left_out(self, task: str | None = None) -> int:
+        """Episodes left out by error (of one task, or of all)."""
+        counts = [self.errors.get(task, Counter())] if task else list(self.errors.values())
+        return sum(sum(c.values()) for c in counts)
+
+    def warning(self, label: str, timeout_s: float) -> str | None:
+        """What a caller must print when episodes were left out, naming the fix; None when none were."""
+        if not self.left_out():
+            return None
+        parts = []
+        for task, kinds in self.errors.items():
+            total = len(self.rewards.get(task, [])) + sum(kinds.values())
+            what = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
+            parts.append(f"{task}: {sum(kinds.values())} of {total} ({what})")
+        hint = (
+            f"; a timeout is an episode past rollout.episode_timeout_s ({timeout_s:g} s): raise it for this machine"
+            if any("timeout" in kinds for kinds in self.errors.values())
+            else ""
+        )
+        return f"eval {label}: episodes left out of the means by error: {'; '.join(parts)}{hint}"
+
+
 async def evaluate_policy(
     model: Any, tokenizer: Any, config: TrainConfig, record_dir: Path | None = None
-) -> dict[str, list[float]]:
-    """Rewards of evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task, errors left out."""
+) -> PolicyEval:
+    """Evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task: rewards, and errors left out.
+
+    At most `engine.max_batch_size` episodes are in flight: more would not decode faster, and an episode waiting for
+    a batch row would spend its `rollout.episode_timeout_s` in the queue (on a slow 2-core machine 21 of 64 greedy
+    FrozenLake episodes passed 120 s when all 64 ran at once, and were left out)."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
     from envhub.trainer.engines.embedded import EmbeddedEngine, served_dtype
@@ -65,11 +104,13 @@ async def evaluate_policy(
         episode_timeout_s=rollout.episode_timeout_s,
         env_factories={task.env: env_factory(task) for task in config.tasks},
     )
-    rewards: dict[str, list[float]] = {task.env: [] for task in config.tasks}
+    result = PolicyEval({task.env: [] for task in config.tasks})
 
     def keep(record: EpisodeRecord) -> None:
-        if not record.error_kind:
-            rewards[record.env_id].append(record.reward)
+        if record.error_kind:
+            result.errors.setdefault(record.env_id, Counter())[record.error_kind] += 1
+        else:
+            result.rewards[record.env_id].append(record.reward)
 
     if record_dir is not None:
         shutil.rmtree(record_dir, ignore_errors=True)
@@ -79,7 +120,7 @@ async def evaluate_policy(
             agents,
             episodes=ev.episodes,
             seeds=ev.seed,
-            concurrency=max(1, ev.episodes * len(config.tasks)),
+            concurrency=max(1, min(ev.episodes * len(config.tasks), config.engine.max_batch_size)),
             out_dir=record_dir,
             config=eval_config,
             agent_name="policy",
@@ -87,7 +128,7 @@ async def evaluate_policy(
         )
     finally:
         await engine.close()
-    return rewards
+    return result
 
 
 class BeforeAfter:
@@ -97,6 +138,7 @@ class BeforeAfter:
         self.config = config
         self.path = Path(out_dir) / "eval.json"
         self.results: dict[str, dict[str, list[float]]] = {}
+        self.errors: dict[str, dict[str, Counter[str]]] = {}  # label -> task -> error kind -> episodes left out
 
     async def measure(self, label: str, model: Any, tokenizer: Any) -> None:
         """Evaluate `model` now and keep its rewards under `label`; eval.json is rewritten each time."""
@@ -104,20 +146,28 @@ class BeforeAfter:
         model.eval()
         started = time.monotonic()
         record_dir = self.path.parent / f"eval-{label}"
-        self.results[label] = await evaluate_policy(model, tokenizer, self.config, record_dir)
+        result = await evaluate_policy(model, tokenizer, self.config, record_dir)
+        self.results[label], self.errors[label] = result.rewards, result.errors
         model.train(was_training)
         self.write()
-        means = ", ".join(f"{task} {sum(r) / len(r):.3f}" for task, r in self.results[label].items() if r)
+        means = ", ".join(f"{task} {mean:.3f}" for task, mean in result.means().items())
         print(f"eval {label}: {means} ({time.monotonic() - started:.0f}s)", flush=True)
+        warning = result.warning(label, self.config.rollout.episode_timeout_s)
+        if warning:
+            print(f"warning: {warning} (the episodes are in {record_dir}/episodes.jsonl)", flush=True)
 
     def report(self) -> dict[str, Any]:
-        """{task: {label: mean, label_se: standard error, "episodes": n}, "overall": {...}}."""
+        """{task: {label: mean, label_se: standard error, "episodes": n}, "overall": {...}}; a label whose episodes
+        were left out by error also has `label_left_out`: {error kind: episodes} (its mean is over the others)."""
         out: dict[str, Any] = {}
         labels = list(self.results)
         for task in (t.env for t in self.config.tasks):
             row: dict[str, Any] = {"episodes": self.config.evaluation.episodes}
             for label in labels:
                 row[label], row[f"{label}_se"] = mean_and_se(self.results[label].get(task, []))
+                left_out = self.errors.get(label, {}).get(task)
+                if left_out:
+                    row[f"{label}_left_out"] = dict(sorted(left_out.items()))
             out[task] = row
         overall: dict[str, Any] = {"episodes": self.config.evaluation.episodes * len(self.config.tasks)}
         for label in labels:

@@ -165,8 +165,8 @@ async def test_evaluation_serves_a_copy_in_the_training_engines_dtype(tokenizer,
 
     monkeypatch.setattr(local.EmbeddedEngine, "__init__", spy)
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
-    rewards = await evaluate_policy(tiny_model, tokenizer, config)
-    assert len(rewards["Letters-v0"]) == 2
+    result = await evaluate_policy(tiny_model, tokenizer, config)
+    assert len(result.rewards["Letters-v0"]) == 2 and not result.errors
     ((engine_model, dtype),) = served
     assert dtype == torch.bfloat16 and engine_model is not tiny_model
     assert all(p.dtype == torch.float32 and torch.equal(p, before[n]) for n, p in tiny_model.named_parameters())
@@ -226,6 +226,57 @@ async def test_evaluation_max_turns_caps_held_out_episodes_below_the_rollouts(ti
     assert [(e["steps"], e["finish"]) for e in episodes] == [(1, "max_turns")] * 3
     with pytest.raises(ConfigError, match=r"evaluation.max_turns must be >= 0 \(0 = rollout.max_turns\)"):
         config_from_dict({**config_to_dict(config), "evaluation": {"max_turns": -1}})
+
+
+async def test_held_out_episodes_in_flight_are_bounded_by_the_engines_batch(tiny_model, tokenizer, monkeypatch):
+    """More episodes than batch rows would only queue, each spending its episode_timeout_s waiting for a row."""
+    from envhub.trainer.engines.embedded import engine as local
+    from envhub.trainer.evaluation import evaluate_policy
+
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "engine": {"max_batch_size": 2},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"max_new_tokens": 3, "max_turns": 1},
+            "evaluation": {"episodes": 5},
+        }
+    )
+    in_flight, most = 0, 0
+    original = local.EmbeddedEngine.generate
+
+    async def counting(self, *args, **kwargs):
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(local.EmbeddedEngine, "generate", counting)
+    result = await evaluate_policy(tiny_model, tokenizer, config)
+    assert len(result.rewards["Letters-v0"]) == 5 and most == 2  # all 5 at once before
+
+
+async def test_held_out_episodes_left_out_by_error_are_counted_and_named(tiny_model, tokenizer, tmp_path, capsys):
+    """A timed-out held-out episode is not silently dropped: eval.json and the printed line say how many and why."""
+    from envhub.trainer.evaluation import BeforeAfter
+
+    config = config_from_dict(
+        {
+            "model": {"name": "tiny"},
+            "tasks": [{"env": "Letters-v0"}],
+            "rollout": {"max_new_tokens": 3, "max_turns": 1, "episode_timeout_s": 1e-6},
+            "evaluation": {"episodes": 3},
+        }
+    )
+    evaluation = BeforeAfter(config, tmp_path)
+    await evaluation.measure("before", tiny_model, tokenizer)
+    row = json.loads((tmp_path / "eval.json").read_text())["Letters-v0"]
+    assert row["before_left_out"] == {"timeout": 3} and row["episodes"] == 3
+    out = capsys.readouterr().out
+    assert "Letters-v0: 3 of 3 (timeout 3)" in out and "raise it for this machine" in out
 
 
 async def test_collect_gives_the_env_its_own_max_turns_and_caps_the_collector_apart(tmp_path):
