@@ -27,8 +27,11 @@ run over several sittings and merged. A run: the config's SFT stage runs once pe
 to --warm-start (default: beside the runs); every run starts from it with `algorithm.advantage` set to the estimator,
 the seed replaced, `budget.steps` exactly (no wall-time stop; zero-variance groups kept, as in learning_parity.py, so
 no run stops early as converged), a checkpoint every --curve-every steps, and greedy held-out evaluation of the
-checkpoint (step 0) and of every saved step: the learning curve. Success is the mean held-out reward (1.0 = solved
-on these envs).
+checkpoint (step 0) and of every saved step: the learning curve. Greedy, step 0 is the same figure for every run of a
+config (one checkpoint, the same held-out seeds), so it is evaluated once and kept beside the runs
+(`*-sft-heldout-*.json`); a sampled evaluation is a fresh draw, evaluated per run as before. The last step is the
+trainer's own final evaluation, not evaluated again from its checkpoint. Success is the mean held-out reward (1.0 =
+solved on these envs).
 
 The merge writes, per env: each estimator's mean curve over seeds, steps to reach the SFT checkpoint's success + 0.1
 (first curve point of the mean curve at or above it, null if none), the mean anchor share of its learner steps, and
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import shutil
 import sys
@@ -72,7 +76,7 @@ TARGET_GAIN = 0.1  # "steps to reach SFT + 0.1"
 
 
 def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, steps: int, curve_every: int,
-               eval_episodes: int, model: str | None) -> TrainConfig:  # fmt: skip
+               eval_episodes: int, model: str | None, before: bool = True) -> TrainConfig:  # fmt: skip
     """The config with --set overrides, then this run's estimator, seed, steps, checkpoints and evaluation."""
     data = yaml.safe_load(Path(path).read_text()) or {}
     for assignment in overrides:
@@ -86,7 +90,7 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
     )
     evaluation = data.setdefault("evaluation", {})
     # greedy, unless the config samples its evaluation (a task whose prompt is the same for every seed, the corridor)
-    evaluation.update(episodes=eval_episodes, temperature=evaluation.get("temperature", 0.0), before=True,
+    evaluation.update(episodes=eval_episodes, temperature=evaluation.get("temperature", 0.0), before=before,
                       after_sft=False)  # fmt: skip
     if model is not None:  # RL from the shared SFT checkpoint: no SFT stage of its own
         data.setdefault("model", {})["name"] = model
@@ -94,29 +98,70 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
     return config_from_dict(data)
 
 
-async def checkpoint_curve(config: TrainConfig, run_dir: Path) -> tuple[dict[int, float], int]:
-    """Held-out mean reward of every saved checkpoint of a run (the run's own evaluation settings), and the held-out
-    episodes left out by error over all of them."""
+async def heldout(config: TrainConfig, model_dir: Path) -> tuple[float, int, Any]:
+    """The held-out mean reward of the checkpoint in `model_dir` under `config`'s evaluation, the episodes left out by
+    error, and the evaluation itself."""
     from envhub.trainer.config import ModelConfig
     from envhub.trainer.evaluation import evaluate_policy
     from envhub.trainer.models import build_policy
 
+    model, tokenizer = build_policy(ModelConfig(name=str(model_dir), dtype=config.model.dtype), config.seed)
+    result = await evaluate_policy(model, tokenizer, config)
+    means = list(result.means().values())
+    return (sum(means) / len(means) if means else 0.0), result.left_out(), result
+
+
+def shared_start(config: TrainConfig, warm: Path, weights_sha256: str, runs_dir: Path) -> dict[str, Any] | None:
+    """The SFT checkpoint's greedy held-out success (every curve's step 0), evaluated once and kept in a file.
+
+    Every run of a config starts from the same checkpoint, and greedy evaluation plays the same held-out seeds
+    (`evaluation.seed`, not the run's seed), so step 0 is the same figure for every estimator and seed (~2 min of a
+    run on a 2-core CPU). A sampled evaluation (temperature > 0) is a fresh draw: None, each run evaluates its own.
+    """
+    if config.evaluation.temperature > 0:
+        return None
+    settings = {
+        "weights_sha256": weights_sha256,
+        "tasks": [{"env": t.env, "kwargs": t.kwargs} for t in config.tasks],
+        "evaluation": {k: getattr(config.evaluation, k) for k in ("episodes", "seed", "max_turns", "temperature")},
+        "rollout": {k: getattr(config.rollout, k) for k in ("max_turns", "max_new_tokens", "max_total_tokens")},
+    }
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = runs_dir / f"{Path(warm).name}-heldout-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    started = time.monotonic()
+    success, left_out, result = asyncio.run(heldout(config, warm))
+    warning = result.warning("step 0", config.rollout.episode_timeout_s)
+    if warning:
+        print(f"warning: {warning}", flush=True)
+    record = {"settings": settings, "success": round(success, 4), "left_out": left_out,
+              "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    print(f"step 0 (the SFT checkpoint, once for every run): {success:.3f} held-out, {path.name}", flush=True)
+    return record
+
+
+async def checkpoint_curve(config: TrainConfig, run_dir: Path, last: int) -> tuple[dict[int, float], int]:
+    """Held-out mean reward of every saved checkpoint of a run before step `last` (the run's own evaluation
+    settings; the trainer's final evaluation measured `last`), and the held-out episodes left out by error."""
     curve, left_out = {}, 0
     for path in sorted((run_dir / "checkpoints").glob("step_*")):
         step = int(path.name.split("_")[1])
-        model, tokenizer = build_policy(ModelConfig(name=str(path), dtype=config.model.dtype), config.seed)
-        result = await evaluate_policy(model, tokenizer, config)
-        means = list(result.means().values())
-        curve[step] = sum(means) / len(means) if means else 0.0
-        left_out += result.left_out()
+        if step >= last:
+            continue
+        curve[step], missing, result = await heldout(config, path)
+        left_out += missing
         warning = result.warning(f"step {step}", config.rollout.episode_timeout_s)
         if warning:
             print(f"warning: {warning}", flush=True)
     return curve, left_out
 
 
-def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
-    """One run: train, then evaluate its checkpoints; the record a runs file holds."""
+def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run: train, then evaluate its checkpoints; the record a runs file holds. `start`: step 0 evaluated once
+    for every run (`shared_start`), else the run's own evaluation before training."""
     from envhub.trainer.train import Trainer
 
     started = time.monotonic()
@@ -125,7 +170,9 @@ def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
     report = evaluated["overall"]
     before_left_out = sum(sum(row.get("before_left_out", {}).values()) for row in evaluated.values())
     after_left_out = sum(sum(row.get("after_left_out", {}).values()) for row in evaluated.values())
-    curve, curve_left_out = asyncio.run(checkpoint_curve(config, run_dir))
+    curve, curve_left_out = asyncio.run(checkpoint_curve(config, run_dir, result.last_step))
+    curve[0] = start["success"] if start else report["before"]
+    curve[result.last_step] = report["after"]  # the final weights, evaluated once by the trainer
     shares = [learner_stat(r, "anchor_share", None) for r in result.history]
     shares = [s for s in shares if s is not None]
     return {
@@ -133,11 +180,11 @@ def train_one(config: TrainConfig, run_dir: Path) -> dict[str, Any]:
         "estimator": config.algorithm.advantage,
         "seed": config.seed,
         "steps": result.last_step,
-        "curve": {str(k): round(v, 4) for k, v in sorted({0: report["before"], **curve}.items())},
+        "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
         "final": report["after"],
         "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
         # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
-        "eval_left_out": before_left_out + after_left_out + curve_left_out,
+        "eval_left_out": (start["left_out"] if start else before_left_out) + after_left_out + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),
     }
 
@@ -246,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     # a config without an SFT stage starts every run from the model its seed initialises (the same weights for
     # each estimator of one seed)
     record = warm_start_checkpoint(base, warm) if base.sft.collect or base.sft.data else {}
+    start = shared_start(base, warm, record["weights_sha256"], runs_dir) if record else None
     for seed in args.seeds:
         for estimator in args.estimators:
             path = runs_dir / f"{stem}-{estimator}-seed{seed}.json"
@@ -254,9 +302,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             config = run_config(args.config, args.overrides, estimator=estimator, seed=seed, steps=args.steps,
                                 curve_every=args.curve_every, eval_episodes=args.eval_episodes,
-                                model=str(warm) if record else None)  # fmt: skip
+                                model=str(warm) if record else None, before=start is None)  # fmt: skip
             work = runs_dir / "work" / path.stem
-            result = train_one(config, work)
+            result = train_one(config, work, start)
             result |= {"config": args.config, "overrides": args.overrides, "warm_start_sha256":
                        record.get("weights_sha256"), "machine": machine()}  # fmt: skip
             path.write_text(json.dumps(result, indent=2))

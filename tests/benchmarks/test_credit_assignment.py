@@ -68,3 +68,42 @@ def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):
         credit.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_run_shares_one_evaluation_of_the_checkpoint_and_the_trainers_final_one(tmp_path, monkeypatch):
+    """Step 0 (the shared SFT checkpoint, greedy, the same held-out seeds) is evaluated once for every run and
+    sitting, and the last step once, by the trainer: each run evaluates only its intermediate checkpoints itself."""
+    from envhub.trainer import evaluation
+
+    calls = []
+    original = evaluation.evaluate_policy
+
+    async def counting(model, tokenizer, config, record_dir=None):
+        calls.append(config.seed)
+        return await original(model, tokenizer, config, record_dir)
+
+    monkeypatch.setattr(evaluation, "evaluate_policy", counting)
+    runs = tmp_path / "runs"
+    argv = ["--config", str(ROOT / "configs" / "corridor-tiny.yaml"), "--estimators", "grpo,gigpo", "--seeds", "3",
+            "--steps", "2", "--curve-every", "1", "--eval-episodes", "2", "--runs-dir", str(runs),
+            "--out", str(tmp_path / "out.json"), "--set", "evaluation.temperature=0", "--set", "sft.collect=4",
+            "--set", "sft.epochs=1", "--set", "algorithm.groups_per_step=1",
+            "--set", "rollout.group_size=4"]  # fmt: skip
+    credit.main(argv)
+    assert len(calls) == 1 + 2 * 2  # step 0 once; per run the trainer's final evaluation and step 1's checkpoint
+    records = [json.loads((runs / f"corridor-tiny-{e}-seed3.json").read_text()) for e in ("grpo", "gigpo")]
+    (shared,) = runs.glob("corridor-tiny-sft-heldout-*.json")
+    start = json.loads(shared.read_text())
+    for record in records:
+        assert sorted(record["curve"], key=int) == ["0", "1", "2"] and record["eval_left_out"] == 0
+        assert record["curve"]["0"] == start["success"] and record["curve"]["2"] == round(record["final"], 4)
+    credit.main(argv)  # a later sitting: every run file exists, step 0 is on file
+    assert len(calls) == 5
+
+
+def test_a_sampled_evaluation_gives_each_run_its_own_step_zero(tmp_path):
+    config = credit.run_config(str(ROOT / "configs" / "corridor-tiny.yaml"), [], estimator="grpo", seed=0, steps=1,
+                               curve_every=1, eval_episodes=2, model="/ckpt")  # fmt: skip
+    assert config.evaluation.temperature == 1.0
+    assert credit.shared_start(config, tmp_path / "sft", "sha", tmp_path) is None and not any(tmp_path.iterdir())
