@@ -44,9 +44,18 @@ difference's variance is the evaluation's (the same n held-out episodes for both
 part is taken from this repository's learning-parity runs, whose paired per-seed differences have an SD of about 0.12
 on 48 held-out episodes (learning_parity_40seeds_staleness0.5.json: SE 0.020 over 40 seeds, of which ~0.07 is
 evaluation): SD of the difference ~0.13, so n_seeds >= (0.13 / 0.025)^2 = 27 seeds per env, at 64 held-out episodes
-per run. A pilot's measured SD replaces 0.13 only if it was written here before the decisive set began. Cost: a run
-of 20 steps with 5 curve points is ~15 min on a 2-core CPU (SmolLM2, 8 episodes a step), so 27 seeds x 3 estimators x
-2 envs ~ 40 hours: outside CI, on whatever machines are free, merged with --merge.
+per run. A pilot's measured SD replaces 0.13 only if it was written here before the decisive set began.
+
+Pilot (2026-12-02, seed 100, not in any decisive set; benchmarks/results/credit_pilot/), on a 2-core EPYC:
+- FrozenLake 4x4, 10 turns (the config's first design): the SFT checkpoint solved 1 of 43 greedy held-out episodes,
+  and a step took 143-151 s, the learner's (17-22k padded tokens for 2-4k model tokens). Replaced by 3x3, 6 turns.
+- FrozenLake 3x3, 6 turns (configs/credit-frozenlake.yaml), 8 steps at lr 1e-5: the checkpoint 0.672 held-out;
+  grpo 0.578 at step 4, 0.547 at 8; gigpo 0.672, 0.547; anchor share 0.97 for both; 43-75 s a step; 844 and 934 s a
+  run, 3 evaluations of 82-90 s included. Greedy held-out success fell under both estimators: before a decisive set,
+  a pilot over a few seeds must find the lr and steps at which RL raises it (none is fixed yet).
+Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
+and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
+CI, on whatever machines are free, merged with --merge.
 """
 
 from __future__ import annotations
