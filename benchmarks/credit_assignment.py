@@ -141,11 +141,14 @@ def shared_start(config: TrainConfig, warm: Path, weights_sha256: str, runs_dir:
         return json.loads(path.read_text())
     started = time.monotonic()
     success, left_out, result = asyncio.run(heldout(config, warm))
-    warning = result.warning("step 0", config.rollout.episode_timeout_s)
+    warning = result.warning("step 0", config.evaluation.episode_timeout_s)
     if warning:
         print(f"warning: {warning}", flush=True)
     record = {"settings": settings, "success": round(success, 4), "left_out": left_out,
               "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
+    if left_out:  # not kept: a later sitting (with a longer evaluation.episode_timeout_s) evaluates it again
+        print(f"step 0 (the SFT checkpoint): {success:.3f} held-out over the episodes left; not kept", flush=True)
+        return record
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))
     print(f"step 0 (the SFT checkpoint, once for every run): {success:.3f} held-out, {path.name}", flush=True)
@@ -162,7 +165,7 @@ async def checkpoint_curve(config: TrainConfig, run_dir: Path, last: int) -> tup
             continue
         curve[step], missing, result = await heldout(config, path)
         left_out += missing
-        warning = result.warning(f"step {step}", config.rollout.episode_timeout_s)
+        warning = result.warning(f"step {step}", config.evaluation.episode_timeout_s)
         if warning:
             print(f"warning: {warning}", flush=True)
     return curve, left_out
@@ -246,8 +249,9 @@ def merge(paths: list[str], out: Path) -> dict[str, Any]:
     flawed = {name: r["eval_left_out"] for name, r in zip(paths, runs) if r.get("eval_left_out")}
     if flawed:
         report["runs_with_eval_episodes_left_out"] = flawed
-        print(f"warning: {len(flawed)} runs left held-out episodes out by error (see the runs' files); rerun them "
-              "with a longer rollout.episode_timeout_s (--set rollout.episode_timeout_s=600)", flush=True)  # fmt: skip
+        print(f"warning: {len(flawed)} runs left held-out episodes out by error (see the runs' files); rerun "
+              "them with a longer evaluation.episode_timeout_s (--set evaluation.episode_timeout_s=1800)",
+              flush=True)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     for env, summary in report["envs"].items():

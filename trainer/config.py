@@ -311,6 +311,10 @@ class EvalConfig:
     temperature: float = 0.0  #: 0 = greedy; > 0 samples (for tasks whose prompt does not vary with the seed)
     #: turns an evaluated episode may take; 0 = rollout.max_turns (fewer asks for the same task done without waste)
     max_turns: int = 0
+    #: wall time before an evaluated episode is cancelled and left out of the means (counted in eval.json). Longer
+    #: than rollout.episode_timeout_s: a batch of held-out episodes shares the engine, so on a 2-core CPU one
+    #: 12-turn Sokoban episode among 32 took more than 120 s (`envhub eval` has the same default)
+    episode_timeout_s: float = 900.0
 
 
 @dataclass
@@ -374,6 +378,12 @@ class TrainConfig:
             raise ConfigError(f"engine.max_outage_s must be >= 0 (0 = stop at once), got {self.engine.max_outage_s}")
         if self.algorithm.max_tokens_per_micro_batch < 1:
             raise ConfigError("algorithm.max_tokens_per_micro_batch must be positive", hint="e.g. 16384")
+        if self.evaluation.episode_timeout_s <= 0 or self.rollout.episode_timeout_s <= 0:
+            raise ConfigError(
+                "evaluation.episode_timeout_s and rollout.episode_timeout_s must be positive seconds, got "
+                f"{self.evaluation.episode_timeout_s} and {self.rollout.episode_timeout_s}",
+                hint="they are watchdogs: an episode past its limit is cancelled (e.g. 900 and 120)",
+            )
         if self.evaluation.max_turns < 0:
             raise ConfigError(
                 f"evaluation.max_turns must be >= 0 (0 = rollout.max_turns), got {self.evaluation.max_turns}"

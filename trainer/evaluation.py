@@ -60,7 +60,7 @@ class PolicyEval:
             what = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
             parts.append(f"{task}: {sum(kinds.values())} of {total} ({what})")
         hint = (
-            f"; a timeout is an episode past rollout.episode_timeout_s ({timeout_s:g} s): raise it for this machine"
+            f"; a timeout is an episode past evaluation.episode_timeout_s ({timeout_s:g} s): raise it for this machine"
             if any("timeout" in kinds for kinds in self.errors.values())
             else ""
         )
@@ -73,8 +73,8 @@ async def evaluate_policy(
     """Evaluation episodes (seeds evaluation.seed .. +episodes-1) of every task: rewards, and errors left out.
 
     At most `engine.max_batch_size` episodes are in flight: more would not decode faster, and an episode waiting for
-    a batch row would spend its `rollout.episode_timeout_s` in the queue (on a slow 2-core machine 21 of 64 greedy
-    FrozenLake episodes passed 120 s when all 64 ran at once, and were left out)."""
+    a batch row would spend its time limit in the queue (on a 2-core EPYC 21 of 64 greedy FrozenLake 4x4 episodes
+    passed 120 s when all 64 ran at once, and were left out). The limit is `evaluation.episode_timeout_s`."""
     from envhub.agents.engine import EngineAgent
     from envhub.inference import SamplingParams
     from envhub.trainer.engines.embedded import EmbeddedEngine, served_dtype
@@ -101,7 +101,7 @@ async def evaluate_policy(
 
     eval_config = EvalConfig(
         max_turns=ev.max_turns or rollout.max_turns,
-        episode_timeout_s=rollout.episode_timeout_s,
+        episode_timeout_s=ev.episode_timeout_s,
         env_factories={task.env: env_factory(task) for task in config.tasks},
     )
     result = PolicyEval({task.env: [] for task in config.tasks})
@@ -152,7 +152,7 @@ class BeforeAfter:
         self.write()
         means = ", ".join(f"{task} {mean:.3f}" for task, mean in result.means().items())
         print(f"eval {label}: {means} ({time.monotonic() - started:.0f}s)", flush=True)
-        warning = result.warning(label, self.config.rollout.episode_timeout_s)
+        warning = result.warning(label, self.config.evaluation.episode_timeout_s)
         if warning:
             print(f"warning: {warning} (the episodes are in {record_dir}/episodes.jsonl)", flush=True)
 

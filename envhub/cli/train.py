@@ -164,12 +164,18 @@ def _step_progress(total: int) -> tuple[Any, Any]:
 
 
 def _print_where_time_went(trainer: Any, result: Any) -> None:
-    """The run's stages and a mean RL step; a line on stderr when its time budget fitted under half its steps."""
+    """The run's stages and a mean RL step; a line on stderr when its time budget fitted under half its steps, and one
+    when training episodes timed out."""
+    from envhub.trainer.run.stages import timeouts_line
+
     print(trainer.clock.summary())
     budget = trainer.config.budget
     short = trainer.clock.shortfall(budget.steps, budget.max_time_s, budget.max_run_s)
     if result.stop_reason == "time budget spent" and short:
         print(short, file=sys.stderr)
+    timed_out = timeouts_line(result.history[-1] if result.history else None, trainer.config.rollout.episode_timeout_s)
+    if timed_out:
+        print(timed_out, file=sys.stderr)
 
 
 def _cmd_bench_async(args: argparse.Namespace) -> int:

@@ -107,3 +107,22 @@ def test_a_sampled_evaluation_gives_each_run_its_own_step_zero(tmp_path):
                                curve_every=1, eval_episodes=2, model="/ckpt")  # fmt: skip
     assert config.evaluation.temperature == 1.0
     assert credit.shared_start(config, tmp_path / "sft", "sha", tmp_path) is None and not any(tmp_path.iterdir())
+
+
+def test_a_step_zero_with_episodes_left_out_is_not_kept_for_later_sittings(tmp_path, monkeypatch, capsys):
+    from collections import Counter
+
+    from envhub.trainer.evaluation import PolicyEval
+
+    timed_out = PolicyEval({"Sokoban-v0": []}, {"Sokoban-v0": Counter(timeout=4)})
+
+    async def heldout(config, model_dir):
+        return 0.0, 4, timed_out
+
+    monkeypatch.setattr(credit, "heldout", heldout)
+    config = credit.run_config(str(ROOT / "configs" / "credit-sokoban.yaml"), [], estimator="grpo", seed=0, steps=1,
+                               curve_every=1, eval_episodes=4, model=None)  # fmt: skip
+    record = credit.shared_start(config, tmp_path / "sft", "sha", tmp_path)
+    assert record["left_out"] == 4 and not any(tmp_path.iterdir())  # the next sitting evaluates it again
+    out = capsys.readouterr().out
+    assert "Sokoban-v0: 4 of 4 (timeout 4)" in out and "evaluation.episode_timeout_s (900 s)" in out

@@ -226,6 +226,8 @@ async def test_evaluation_max_turns_caps_held_out_episodes_below_the_rollouts(ti
     assert [(e["steps"], e["finish"]) for e in episodes] == [(1, "max_turns")] * 3
     with pytest.raises(ConfigError, match=r"evaluation.max_turns must be >= 0 \(0 = rollout.max_turns\)"):
         config_from_dict({**config_to_dict(config), "evaluation": {"max_turns": -1}})
+    with pytest.raises(ConfigError, match="episode_timeout_s and rollout.episode_timeout_s must be positive"):
+        config_from_dict({**config_to_dict(config), "evaluation": {"episode_timeout_s": 0}})
 
 
 async def test_held_out_episodes_in_flight_are_bounded_by_the_engines_batch(tiny_model, tokenizer, monkeypatch):
@@ -267,8 +269,8 @@ async def test_held_out_episodes_left_out_by_error_are_counted_and_named(tiny_mo
         {
             "model": {"name": "tiny"},
             "tasks": [{"env": "Letters-v0"}],
-            "rollout": {"max_new_tokens": 3, "max_turns": 1, "episode_timeout_s": 1e-6},
-            "evaluation": {"episodes": 3},
+            "rollout": {"max_new_tokens": 3, "max_turns": 1},
+            "evaluation": {"episodes": 3, "episode_timeout_s": 1e-6},
         }
     )
     evaluation = BeforeAfter(config, tmp_path)

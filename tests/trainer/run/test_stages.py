@@ -66,3 +66,13 @@ def test_the_final_evaluation_is_reserved_the_latest_evaluations_time_with_a_mar
     assert clock.final_evaluation_reserve() == 0.0  # no evaluation yet: nothing to go by
     clock.stages.update({"evaluation before": 300.0, "sft": 150.0, "evaluation sft": 120.0})
     assert clock.final_evaluation_reserve() == pytest.approx(150.0)  # the latest one, x 1.25
+
+
+def test_timed_out_training_episodes_are_named_at_the_end_with_the_fix():
+    from envhub.trainer.run.stages import timeouts_line
+
+    row = {"queue": {"timed_out_episodes": 23, "timed_out_groups": 1, "accepted": 3}}
+    line = timeouts_line(row, 120.0)
+    assert line.startswith("23 training episodes passed rollout.episode_timeout_s (120 s)") and "1 groups" in line
+    assert timeouts_line({"queue": {"timed_out_episodes": 0}}, 120.0) is None
+    assert timeouts_line(None, 120.0) is None  # no step was trained
