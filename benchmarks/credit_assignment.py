@@ -53,6 +53,10 @@ Pilot (2026-12-02, seed 100, not in any decisive set; benchmarks/results/credit_
   grpo 0.578 at step 4, 0.547 at 8; gigpo 0.672, 0.547; anchor share 0.97 for both; 43-75 s a step; 844 and 934 s a
   run, 3 evaluations of 82-90 s included. Greedy held-out success fell under both estimators: before a decisive set,
   a pilot over a few seeds must find the lr and steps at which RL raises it (none is fixed yet).
+- Sokoban (configs/credit-sokoban.yaml), the SFT checkpoint's greedy held-out success: 6x6, 4+ moves, 12 turns, SFT
+  on 32 episodes x 1 epoch: 0.000 of 64, and 23 of 32 training episodes passed the 120 s watchdog; 6x6 with SFT on
+  96 x 2 epochs (549 s): 0.125 of 16; 5x5, 3+ moves, 8 turns, SFT 96 x 2: 0.812 of 16, training episodes 0.44
+  solved, anchor share 1.0, 116 s a step. The config is the 5x5 one.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
