@@ -45,10 +45,9 @@ class PolicyEval:
         """Mean reward per task with at least one scored episode."""
         return {task: sum(r) / len(r) for task, r in self.rewards.items() if r}
 
-    def left_out(self, task: str | None = None) -> int:
-        """Episodes left out by error (of one task, or of all)."""
-        counts = [self.errors.get(task, Counter())] if task else list(self.errors.values())
-        return sum(sum(c.values()) for c in counts)
+    def left_out(self) -> int:
+        """Episodes left out by error, over all tasks."""
+        return sum(sum(kinds.values()) for kinds in self.errors.values())
 
     def warning(self, label: str, timeout_s: float) -> str | None:
         """What a caller must print when episodes were left out, naming the fix; None when none were."""
