@@ -111,17 +111,19 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
     return config_from_dict(data)
 
 
-async def heldout(config: TrainConfig, model_dir: Path) -> tuple[float, int, Any]:
-    """The held-out mean reward of the checkpoint in `model_dir` under `config`'s evaluation, the episodes left out by
-    error, and the evaluation itself."""
+async def heldout(config: TrainConfig, model_dir: Path, label: str) -> Any:
+    """The held-out evaluation (`PolicyEval`) of the checkpoint in `model_dir` under `config`'s evaluation settings;
+    a warning printed, naming `label`, when episodes were left out by error."""
     from envhub.trainer.config import ModelConfig
     from envhub.trainer.evaluation import evaluate_policy
     from envhub.trainer.models import build_policy
 
     model, tokenizer = build_policy(ModelConfig(name=str(model_dir), dtype=config.model.dtype), config.seed)
     result = await evaluate_policy(model, tokenizer, config)
-    means = list(result.means().values())
-    return (sum(means) / len(means) if means else 0.0), result.left_out(), result
+    warning = result.warning(label, config.evaluation.episode_timeout_s)
+    if warning:
+        print(f"warning: {warning}", flush=True)
+    return result
 
 
 def shared_start(config: TrainConfig, warm: Path, weights_sha256: str, runs_dir: Path) -> dict[str, Any] | None:
@@ -144,10 +146,8 @@ def shared_start(config: TrainConfig, warm: Path, weights_sha256: str, runs_dir:
     if path.exists():
         return json.loads(path.read_text())
     started = time.monotonic()
-    success, left_out, result = asyncio.run(heldout(config, warm))
-    warning = result.warning("step 0", config.evaluation.episode_timeout_s)
-    if warning:
-        print(f"warning: {warning}", flush=True)
+    result = asyncio.run(heldout(config, warm, "step 0"))
+    success, left_out = result.overall(), result.left_out()
     record = {"settings": settings, "success": round(success, 4), "left_out": left_out,
               "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
     if left_out:  # not kept: a later sitting (with a longer evaluation.episode_timeout_s) evaluates it again
@@ -167,11 +167,8 @@ async def checkpoint_curve(config: TrainConfig, run_dir: Path, last: int) -> tup
         step = int(path.name.split("_")[1])
         if step >= last:
             continue
-        curve[step], missing, result = await heldout(config, path)
-        left_out += missing
-        warning = result.warning(f"step {step}", config.evaluation.episode_timeout_s)
-        if warning:
-            print(f"warning: {warning}", flush=True)
+        result = await heldout(config, path, f"step {step}")
+        curve[step], left_out = result.overall(), left_out + result.left_out()
     return curve, left_out
 
 
@@ -184,8 +181,10 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
     result = asyncio.run(Trainer(config, out_dir=run_dir).run(overwrite=True))  # a scratch dir of this benchmark
     evaluated = json.loads((run_dir / "eval.json").read_text())
     report = evaluated["overall"]
-    before_left_out = sum(sum(row.get("before_left_out", {}).values()) for row in evaluated.values())
-    after_left_out = sum(sum(row.get("after_left_out", {}).values()) for row in evaluated.values())
+
+    def left_out(label: str) -> int:  # eval.json's per-task `<label>_left_out` counts, summed
+        return sum(sum(row.get(f"{label}_left_out", {}).values()) for row in evaluated.values())
+
     curve, curve_left_out = asyncio.run(checkpoint_curve(config, run_dir, result.last_step))
     curve[0] = start["success"] if start else report["before"]
     curve[result.last_step] = report["after"]  # the final weights, evaluated once by the trainer
@@ -200,7 +199,7 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
         "final": report["after"],
         "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
         # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
-        "eval_left_out": (start["left_out"] if start else before_left_out) + after_left_out + curve_left_out,
+        "eval_left_out": (start["left_out"] if start else left_out("before")) + left_out("after") + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),
     }
 

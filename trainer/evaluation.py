@@ -45,6 +45,11 @@ class PolicyEval:
         """Mean reward per task with at least one scored episode."""
         return {task: sum(r) / len(r) for task, r in self.rewards.items() if r}
 
+    def overall(self) -> float:
+        """The mean of the task means (tasks with a scored episode); 0.0 when no episode was scored."""
+        means = list(self.means().values())
+        return sum(means) / len(means) if means else 0.0
+
     def left_out(self) -> int:
         """Episodes left out by error, over all tasks."""
         return sum(sum(kinds.values()) for kinds in self.errors.values())

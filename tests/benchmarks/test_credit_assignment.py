@@ -112,14 +112,17 @@ def test_a_sampled_evaluation_gives_each_run_its_own_step_zero(tmp_path):
 def test_a_step_zero_with_episodes_left_out_is_not_kept_for_later_sittings(tmp_path, monkeypatch, capsys):
     from collections import Counter
 
+    from envhub.trainer import evaluation, models
     from envhub.trainer.evaluation import PolicyEval
 
     timed_out = PolicyEval({"Sokoban-v0": []}, {"Sokoban-v0": Counter(timeout=4)})
 
-    async def heldout(config, model_dir):
-        return 0.0, 4, timed_out
+    async def evaluate_policy(model, tokenizer, config, record_dir=None):
+        return timed_out
 
-    monkeypatch.setattr(credit, "heldout", heldout)
+    # every held-out episode timed out: the checkpoint itself is not needed to show what is kept and printed
+    monkeypatch.setattr(models, "build_policy", lambda model_config, seed: (None, None))
+    monkeypatch.setattr(evaluation, "evaluate_policy", evaluate_policy)
     config = credit.run_config(str(ROOT / "configs" / "credit-sokoban.yaml"), [], estimator="grpo", seed=0, steps=1,
                                curve_every=1, eval_episodes=4, model=None)  # fmt: skip
     record = credit.shared_start(config, tmp_path / "sft", "sha", tmp_path)
