@@ -46,8 +46,9 @@ class PolicyEval:
         return {task: sum(r) / len(r) for task, r in self.rewards.items() if r}
 
     def overall(self) -> float:
-        """The mean of the task means (tasks with a scored episode); 0.0 when no episode was scored."""
-        means = list(self.means().values())
+        """The mean over tasks of each task's mean reward, a task with no scored episode counting 0.0 (eval.json's
+        "overall", which `BeforeAfter.report` takes from here); 0.0 without tasks."""
+        means = [mean_and_se(r)[0] for r in self.rewards.values()]
         return sum(means) / len(means) if means else 0.0
 
     def left_out(self) -> int:
@@ -175,8 +176,7 @@ class BeforeAfter:
             out[task] = row
         overall: dict[str, Any] = {"episodes": self.config.evaluation.episodes * len(self.config.tasks)}
         for label in labels:
-            per_task = [out[t][label] for t in out]
-            overall[label] = sum(per_task) / len(per_task) if per_task else 0.0
+            overall[label] = PolicyEval(self.results[label]).overall()
             overall[f"{label}_se"] = mean_and_se([r for rs in self.results[label].values() for r in rs])[1]
         out["overall"] = overall
         return out

@@ -281,6 +281,18 @@ async def test_held_out_episodes_left_out_by_error_are_counted_and_named(tiny_mo
     assert "Letters-v0: 3 of 3 (timeout 3)" in out and "raise it for this machine" in out
 
 
+def test_the_overall_held_out_figure_counts_a_task_without_a_scored_episode_as_zero():
+    """One rule for the overall figure: eval.json's (BeforeAfter.report) and the credit benchmark's step 0 and
+    checkpoint curve (PolicyEval.overall) agree, also when every episode of a task was left out."""
+    from collections import Counter
+
+    from envhub.trainer.evaluation import PolicyEval
+
+    result = PolicyEval({"Letters-v0": [1.0, 0.5], "Math-v0": []}, {"Math-v0": Counter(timeout=2)})
+    assert result.means() == {"Letters-v0": 0.75} and result.overall() == pytest.approx(0.375)
+    assert PolicyEval({}).overall() == 0.0
+
+
 async def test_collect_gives_the_env_its_own_max_turns_and_caps_the_collector_apart(tmp_path):
     waster = {"length": 4, "max_turns": 8, "demo_waste": 0.9}  # a demonstrator that mostly waits: no early arrival
     (demo,) = await collect("Corridor-v0", 1, tmp_path / "c.jsonl", env_kwargs=waster)
