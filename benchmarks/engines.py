@@ -19,7 +19,8 @@ seconds per engine batch are reported next to the quiet figures. (`local_*` keys
 the engine's former name.)
 
 `--engines embedded,embedded-unpacked` is the A/B of the embedded engine's packed weights (docs/engines.md, "Packed
-projections"): the same engine on the model's own linear modules.
+projections"): the same engine on the model's own linear modules. `--engines embedded,embedded-sdpa` is the A/B of
+its CPU decode-attention kernel (docs/engines.md, "Decode attention"): the same engine on SDPA.
 
 On a GPU the lead runs: `python benchmarks/engines.py --engines embedded --device cuda --sequences 64
 --prompt-tokens 1024 --new-tokens 256`.
@@ -60,7 +61,9 @@ def make_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(100, 40000) for _ in range(length)] for _ in range(count)]
 
 
-async def build_embedded(args: argparse.Namespace, unpacked: bool = False) -> tuple[InferenceEngine, dict[str, Any]]:
+async def build_embedded(
+    args: argparse.Namespace, unpacked: bool = False, sdpa: bool = False
+) -> tuple[InferenceEngine, dict[str, Any]]:
     device = pick_device(args.device)
     dtype = engine_dtype(args.dtype, device)
     model, tokenizer = load_model(args.model, device=str(device), dtype=dtype)
@@ -72,6 +75,7 @@ async def build_embedded(args: argparse.Namespace, unpacked: bool = False) -> tu
         kv_cache_mb=args.kv_cache_mb,
         threads=args.threads if args.threads == "auto" else int(args.threads),
         pack_weights=False if unpacked else None,
+        native_decode=False if sdpa else None,
     )
     packed = isinstance(engine.runner.projections, PackedProjections)
     return engine, {
@@ -79,6 +83,7 @@ async def build_embedded(args: argparse.Namespace, unpacked: bool = False) -> tu
         "device": str(device),
         "threads": args.threads,
         "packed_weights": packed,
+        "decode_attention": "native" if engine.runner.decode_kernel is not None else "sdpa",
     }
 
 
@@ -98,8 +103,18 @@ async def build_embedded_unpacked(args: argparse.Namespace) -> tuple[InferenceEn
     return await build_embedded(args, unpacked=True)
 
 
-# engine kinds by name, and the embedded engine without packed weights
-BUILDERS = {"embedded": build_embedded, "vllm": build_vllm, "embedded-unpacked": build_embedded_unpacked}
+async def build_embedded_sdpa(args: argparse.Namespace) -> tuple[InferenceEngine, dict[str, Any]]:
+    """The embedded engine with SDPA's decode attention instead of its C kernel: the kernel's A/B."""
+    return await build_embedded(args, sdpa=True)
+
+
+# engine kinds by name, and the embedded engine without packed weights or without its decode-attention kernel
+BUILDERS = {
+    "embedded": build_embedded,
+    "vllm": build_vllm,
+    "embedded-unpacked": build_embedded_unpacked,
+    "embedded-sdpa": build_embedded_sdpa,
+}
 LOAD_SCRIPT = "import torch\nx = torch.randn(1024, 1024)\nwhile True:\n    x @ x\n"  # default threads, not niced
 
 

@@ -65,6 +65,7 @@ class EmbeddedEngine(InferenceEngine):
         cuda_graphs: bool | None = None,
         threads: Any = "auto",
         pack_weights: bool | None = None,
+        native_decode: bool | None = None,
         priority: int = 5,
     ) -> None:
         device = next(model.parameters()).device
@@ -90,7 +91,7 @@ class EmbeddedEngine(InferenceEngine):
             static=graphs,
         )
         self.threads = threads_setting(threads) if device.type == "cpu" else None
-        self.runner = ModelRunner(model, self.cache, packed=pack_weights)
+        self.runner = ModelRunner(model, self.cache, packed=pack_weights, native_decode=native_decode)
         self.decode_step = DecodeStep(self.runner, graphs=graphs)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self.scheduler = Scheduler(

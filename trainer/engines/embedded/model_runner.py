@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from envhub.errors import EngineError
+from envhub.trainer.engines.embedded.decode_attention import DecodeAttention, unavailable_reason
+from envhub.trainer.engines.embedded.decode_attention import load as load_decode_attention
 from envhub.trainer.engines.embedded.kv_cache import KVCache, KVLayout
 from envhub.trainer.engines.embedded.projections import projections_for
 from envhub.trainer.engines.embedded.shapes import projection_rows, round_up
@@ -63,7 +65,13 @@ class ModelRunner:
     """Runs prefill and decode steps of a supported model, reading and writing `cache` in place."""
 
     def __init__(
-        self, model: Any, cache: KVCache, *, expand_gqa: bool | None = None, packed: bool | None = None
+        self,
+        model: Any,
+        cache: KVCache,
+        *,
+        expand_gqa: bool | None = None,
+        packed: bool | None = None,
+        native_decode: bool | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason:
@@ -90,6 +98,24 @@ class ModelRunner:
         # CUDA prefill path anywhere (tests run it on CPU).
         self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.gqa
         self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
+        # CPU decode attention: the C kernel of decode_attention.py (None: where it builds and takes these shapes;
+        # True: required, an error naming why it cannot be used; False: SDPA)
+        self.decode_kernel = self._decode_kernel(layout, native_decode)
+
+    def _decode_kernel(self, layout: KVLayout, wanted: bool | None) -> DecodeAttention | None:
+        if wanted is False:
+            return None
+        kernel = load_decode_attention() if self.device.type == "cpu" else None
+        probe_q = torch.empty((1, layout.kv_heads, self.group, layout.head_dim), dtype=layout.dtype)
+        probe_k = torch.empty((1, layout.kv_heads, 1, layout.head_dim), dtype=layout.dtype)
+        if kernel is not None and (self.device.type != "cpu" or not kernel.supports(probe_q, probe_k)):
+            kernel = None
+            why = f"it does not take {layout.dtype} with head_dim {layout.head_dim} and {self.group} queries a KV head"
+        else:
+            why = unavailable_reason() if self.device.type == "cpu" else "it runs on CPU only"
+        if kernel is None and wanted:
+            raise EngineError(f"the native decode attention cannot be used: {why}", hint="leave it to SDPA")
+        return kernel
 
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
@@ -137,6 +163,7 @@ class ModelRunner:
         beyond the live ones point `write_slots` at the scratch slot.
         """
         mask = torch.arange(width, device=tokens.device)[None, :] <= positions[:, None]
+        lengths = (positions + 1).clamp_(max=width) if self.decode_kernel is not None else None
         return self.forward(
             tokens[:, None],
             positions[:, None],
@@ -144,6 +171,7 @@ class ModelRunner:
             slice(0, tokens.shape[0]),
             mask[:, None, None, :],
             None,
+            lengths,
         )
 
     def forward(
@@ -154,9 +182,11 @@ class ModelRunner:
         rows: slice,
         mask: torch.Tensor,
         last: torch.Tensor | None,
+        lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids/positions [B, T]; write_at = (slots, positions) [B, T] where the new keys go; mask [B, 1, T, W]
-        over the slots `rows`; `last` [B] picks each row's output position (None: the only one)."""
+        over the slots `rows`; `last` [B] picks each row's output position (None: the only one); `lengths` [B]
+        (decode on the native kernel: keys per row, the count the mask allows)."""
         batch, length = ids.shape
         self.projections.refresh()  # re-pack weights that changed since the last step (none, usually)
         hidden = self.embed(ids)
@@ -167,7 +197,16 @@ class ModelRunner:
         hidden = self._pad(hidden.reshape(tokens, -1), padded)  # [padded, hidden]: tokens as rows of every GEMM
         for index, layer in enumerate(self.layers):
             attended = self._attention(
-                index, layer.self_attn, layer.input_layernorm(hidden), cos, sin, kv_rows, rows, mask, (batch, length)
+                index,
+                layer.self_attn,
+                layer.input_layernorm(hidden),
+                cos,
+                sin,
+                kv_rows,
+                rows,
+                mask,
+                (batch, length),
+                lengths,
             )
             hidden = hidden + attended
             hidden = hidden + self.projections.mlp(index, layer.post_attention_layernorm(hidden))
@@ -201,6 +240,7 @@ class ModelRunner:
         rows: slice,
         mask: torch.Tensor,
         shape_in: tuple[int, int],
+        lengths: torch.Tensor | None,
     ) -> torch.Tensor:
         """x [padded tokens, hidden] -> the attention output projected, same rows."""
         batch, length = shape_in
@@ -213,6 +253,11 @@ class ModelRunner:
         keys, values = self.cache.keys[index], self.cache.values[index]
         keys.view(-1, self.head_dim).index_copy_(0, kv_rows, k.reshape(-1, self.head_dim))
         values.view(-1, self.head_dim).index_copy_(0, kv_rows, v.transpose(1, 2).reshape(-1, self.head_dim))
+        if lengths is not None:  # CPU decode: the C kernel reads each row's slot up to its length
+            q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
+            out = self.decode_kernel(q, keys, values, lengths, attn.scaling)
+            out = out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(tokens, -1)
+            return self.projections.o(index, self._pad(out, x.shape[0]))
         width = mask.shape[-1]
         keys, values = keys[rows, :, :width], values[rows, :, :width]
         if length == 1 and self.gqa:  # decode: each KV head's query group as its query axis, K/V read once
