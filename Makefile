@@ -25,7 +25,8 @@ PIP_INSTALL := UV=$(UV) bash scripts/pip-install.sh
 # imports, the first time. A machine that sets PYTHONDONTWRITEBYTECODE (this kind does) would instead compile torch
 # and transformers from source in every process: the suite took 1527 s of pytest that way instead of ~1080.
 unexport PYTHONDONTWRITEBYTECODE
-# default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source
+# default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source, and gcc
+# builds the embedded engine's CPU decode-attention kernel on first use (trainer/engines/embedded/decode_attention.py)
 APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 # The two virtualenvs, dockerd and the base image build side by side (pip keeps one core busy at a time).

@@ -204,7 +204,10 @@ class Trainer:
         model, tokenizer = build_policy(cfg.model, cfg.seed)
         evaluation, eval_model = await self._warm_start(model, tokenizer, resuming)
         with self.clock.stage("engine start"):  # before LoRA wraps the model: engines serve plain weights
-            self.engine = self.kind.watch(await self.kind.build(cfg, model, tokenizer), cfg)
+            built = await self.kind.build(cfg, model, tokenizer)
+            if callable(describe := getattr(built, "describe", None)):  # the embedded engine's kernels
+                print(describe(), flush=True)
+            self.engine = self.kind.watch(built, cfg)
         self.cores.attach(self.engine)
         learner = Learner.from_config(cfg, model, tokenizer, self.learner_group)
         algo = cfg.algorithm

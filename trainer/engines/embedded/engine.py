@@ -26,6 +26,7 @@ from envhub.trainer.engines.embedded.hardware import engine_dtype, fix_malloc_mm
 from envhub.trainer.engines.embedded.kv_cache import KVCache
 from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.embedded.prefix_cache import PrefixCache
+from envhub.trainer.engines.embedded.projections import PackedProjections
 from envhub.trainer.engines.embedded.sampler import sample_next
 from envhub.trainer.engines.embedded.scheduler import IDLE_PREFILL_TOKENS, EngineStats, Request, Scheduler
 from envhub.trainer.engines.embedded.threads import apply_threads, threads_setting
@@ -122,6 +123,15 @@ class EmbeddedEngine(InferenceEngine):
 
         net, tokenizer = load_model(model, device=device, dtype=engine_dtype(dtype, pick_device(device)))
         return cls(net, tokenizer, **kwargs)
+
+    def describe(self) -> str:
+        """How this engine computes, in one line (a training run prints it at start)."""
+        packed = isinstance(self.runner.projections, PackedProjections)
+        return (
+            f"embedded engine: {self.runner.device.type}, {str(self.cache.layout.dtype).removeprefix('torch.')}, "
+            f"projections {'packed (oneDNN)' if packed else 'as modules'}, decode attention: "
+            f"{self.runner.decode_attention}"
+        )
 
     @property
     def max_batch_size(self) -> int:

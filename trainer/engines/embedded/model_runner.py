@@ -104,6 +104,7 @@ class ModelRunner:
 
     def _decode_kernel(self, layout: KVLayout, wanted: bool | None) -> DecodeAttention | None:
         if wanted is False:
+            self.decode_attention = "SDPA (native_decode=False)"
             return None
         kernel = load_decode_attention() if self.device.type == "cpu" else None
         probe_q = torch.empty((1, layout.kv_heads, self.group, layout.head_dim), dtype=layout.dtype)
@@ -115,6 +116,7 @@ class ModelRunner:
             why = unavailable_reason() if self.device.type == "cpu" else "it runs on CPU only"
         if kernel is None and wanted:
             raise EngineError(f"the native decode attention cannot be used: {why}", hint="leave it to SDPA")
+        self.decode_attention = "native kernel" if kernel is not None else f"SDPA ({why or 'native_decode=False'})"
         return kernel
 
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ import pytest
 from envhub.errors import EngineError
 from envhub.trainer.engines.embedded import decode_attention
 from envhub.trainer.engines.embedded.decode_step import DecodeStep
+from envhub.trainer.engines.embedded.engine import EmbeddedEngine
 from envhub.trainer.engines.embedded.kv_cache import KVCache
 from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 
@@ -114,6 +115,7 @@ def test_the_runner_decodes_with_the_kernel_as_with_sdpa_and_can_be_told_which(t
                 cache.add_row()
             runner = ModelRunner(tiny_model, cache, native_decode=native)
             assert (runner.decode_kernel is not None) == native
+            assert runner.decode_attention == ("native kernel" if native else "SDPA (native_decode=False)")
             runner.prefill(0, prompts, 0)
             step = DecodeStep(runner, graphs=False)
             outputs.append(torch.stack([step([5, 9, 11]) for _ in range(4)]))
@@ -121,6 +123,17 @@ def test_the_runner_decodes_with_the_kernel_as_with_sdpa_and_can_be_told_which(t
     half = copy.deepcopy(tiny_model).half()
     with pytest.raises(EngineError, match="native decode attention cannot be used: it does not take torch.float16"):
         ModelRunner(half, KVCache(kv_layout(half), 1 << 20, max_rows=1, max_tokens=64), native_decode=True)
+
+
+async def test_an_engine_says_how_it_decodes(tiny_model, tokenizer, kernel):
+    for native, attention in ((None, "native kernel"), (False, "SDPA (native_decode=False)")):
+        engine = EmbeddedEngine(copy.deepcopy(tiny_model), tokenizer, native_decode=native)
+        try:
+            assert engine.describe() == (
+                f"embedded engine: cpu, float32, projections as modules, decode attention: {attention}"
+            )
+        finally:
+            await engine.close()
 
 
 def test_a_failed_build_names_the_compiler_and_the_switch_turns_the_kernel_off(tmp_path, monkeypatch):
