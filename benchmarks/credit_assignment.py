@@ -57,6 +57,18 @@ Pilot (2026-12-02, seed 100, not in any decisive set; benchmarks/results/credit_
   on 32 episodes x 1 epoch: 0.000 of 64, and 23 of 32 training episodes passed the 120 s watchdog; 6x6 with SFT on
   96 x 2 epochs (549 s): 0.125 of 16; 5x5, 3+ moves, 8 turns, SFT 96 x 2: 0.812 of 16, training episodes 0.44
   solved, anchor share 1.0, 116 s a step. The config is the 5x5 one.
+Pilot 2 (2026-12-02, seed 101, grpo, 12 steps from the same SFT checkpoint, 0.672; /tmp, not kept): lr 3e-6 gave
+0.656 at step 4, 0.609 at 8, 0.547 at 12 (1,093 s); lr 3e-5 was stopped at step 6, its training episodes having
+collapsed onto move sequences that start down (step 5: 8 of 16 episodes "DDRR", 0.88 solved; step 6: 0 of 15).
+Why greedy held-out success falls at every lr, under both estimators, to the same 35 of 64: on a 3x3 lake with 20%
+holes, replaying one shortest move sequence without reading the map solves 0.58-0.59 of held-out lakes
+(`benchmarks/frozen_lake_ceilings.py`, 2,000 maps; 0.587 on 1,000 with 6 turns), and the SFT checkpoint is only
+0.08 above that. Sampled episodes that succeed share such a replay more than anything else, so RL finds it first and
+greedy success falls toward its rate: this lake measures how fast a policy collapses, not credit. With 40% holes
+(6 turns, 1,000 maps) the best replay solves 0.39, reading one square ahead 0.87, the solver 1.0; but the SFT
+checkpoint of this config (32 expert episodes, 1 epoch) solved 0.359 of 64 there, no better than a replay. Before
+the decisive set: an SFT stage that reads the map (well above the replay's rate), and a pilot where RL raises greedy
+held-out success; no setting is fixed yet.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
