@@ -8,7 +8,7 @@ The kernel reads each row's keys and values once per KV head for the head's whol
 with an online softmax, and allocates nothing. Figures: docs/engines.md, "Decode attention".
 
 Build: `cc -O3 -march=native -fopenmp -shared` into `$ENVHUB_CACHE/kernels/` (default ~/.cache/envhub), named by a
-hash of the source, the compiler's version and the CPU's flags, so a machine builds it once (~1 s) and a copy of the
+hash of the source, the compiler's version and the CPU's flags, so a machine builds it once (~3 s) and a copy of the
 cache on another CPU builds its own. The library's OpenMP calls resolve to the libgomp torch already loaded (same
 soname), so its threads are torch's intra-op threads, sized by the caller (the engine's thread rule).
 

@@ -100,24 +100,28 @@ class ModelRunner:
         self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
         # CPU decode attention: the C kernel of decode_attention.py (None: where it builds and takes these shapes;
         # True: required, an error naming why it cannot be used; False: SDPA)
-        self.decode_kernel = self._decode_kernel(layout, native_decode)
+        self.decode_kernel, self.decode_attention = self._decode_kernel(layout, native_decode)
 
-    def _decode_kernel(self, layout: KVLayout, wanted: bool | None) -> DecodeAttention | None:
-        if wanted is False:
-            self.decode_attention = "SDPA (native_decode=False)"
-            return None
-        kernel = load_decode_attention() if self.device.type == "cpu" else None
-        probe_q = torch.empty((1, layout.kv_heads, self.group, layout.head_dim), dtype=layout.dtype)
-        probe_k = torch.empty((1, layout.kv_heads, 1, layout.head_dim), dtype=layout.dtype)
-        if kernel is not None and (self.device.type != "cpu" or not kernel.supports(probe_q, probe_k)):
-            kernel = None
-            why = f"it does not take {layout.dtype} with head_dim {layout.head_dim} and {self.group} queries a KV head"
-        else:
-            why = unavailable_reason() if self.device.type == "cpu" else "it runs on CPU only"
+    def _decode_kernel(self, layout: KVLayout, wanted: bool | None) -> tuple[DecodeAttention | None, str]:
+        """The decode-attention kernel (None: SDPA) and how decode attention runs, in words."""
+        kernel, why = None, "native_decode=False"
+        if wanted is not False:
+            if self.device.type != "cpu":
+                why = "it runs on CPU only"
+            elif (kernel := load_decode_attention()) is None:
+                why = unavailable_reason()
+            else:
+                probe_q = torch.empty((1, layout.kv_heads, self.group, layout.head_dim), dtype=layout.dtype)
+                probe_k = torch.empty((1, layout.kv_heads, 1, layout.head_dim), dtype=layout.dtype)
+                if not kernel.supports(probe_q, probe_k):
+                    kernel = None
+                    why = (
+                        f"it does not take {layout.dtype} with head_dim {layout.head_dim} and {self.group} queries "
+                        "a KV head"
+                    )
         if kernel is None and wanted:
             raise EngineError(f"the native decode attention cannot be used: {why}", hint="leave it to SDPA")
-        self.decode_attention = "native kernel" if kernel is not None else f"SDPA ({why or 'native_decode=False'})"
-        return kernel
+        return kernel, "native kernel" if kernel is not None else f"SDPA ({why})"
 
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
@@ -164,14 +168,16 @@ class ModelRunner:
         Pure tensor code with a fixed `width` (keys read per row), so it can be captured in a CUDA graph; rows
         beyond the live ones point `write_slots` at the scratch slot.
         """
-        mask = torch.arange(width, device=tokens.device)[None, :] <= positions[:, None]
-        lengths = (positions + 1).clamp_(max=width) if self.decode_kernel is not None else None
+        if self.decode_kernel is not None:  # the kernel reads each row up to its length: no mask
+            mask, lengths = None, (positions + 1).clamp_(max=width)
+        else:
+            mask, lengths = (torch.arange(width, device=tokens.device) <= positions[:, None])[:, None, None, :], None
         return self.forward(
             tokens[:, None],
             positions[:, None],
             (write_slots[:, None], positions[:, None]),
             slice(0, tokens.shape[0]),
-            mask[:, None, None, :],
+            mask,
             None,
             lengths,
         )
@@ -182,13 +188,13 @@ class ModelRunner:
         positions: torch.Tensor,
         write_at: tuple[torch.Tensor, torch.Tensor],
         rows: slice,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         last: torch.Tensor | None,
         lengths: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """ids/positions [B, T]; write_at = (slots, positions) [B, T] where the new keys go; mask [B, 1, T, W]
-        over the slots `rows`; `last` [B] picks each row's output position (None: the only one); `lengths` [B]
-        (decode on the native kernel: keys per row, the count the mask allows)."""
+        over the slots `rows` (None with `lengths`); `last` [B] picks each row's output position (None: the only
+        one); `lengths` [B] (decode on the native kernel, instead of a mask: keys per row)."""
         batch, length = ids.shape
         self.projections.refresh()  # re-pack weights that changed since the last step (none, usually)
         hidden = self.embed(ids)
@@ -240,7 +246,7 @@ class ModelRunner:
         sin: torch.Tensor,
         kv_rows: torch.Tensor,
         rows: slice,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         shape_in: tuple[int, int],
         lengths: torch.Tensor | None,
     ) -> torch.Tensor:

@@ -17,7 +17,6 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #define BLOCK 32        /* keys per online-softmax block: two vectors of scores per query */
 #define MAX_GROUP 16    /* queries per KV head */
