@@ -21,6 +21,8 @@ import importlib.util
 import random
 import re
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +34,11 @@ FAMILY = Family(name="gem", distribution="gem-llm", module="gem", extra="gem", p
 TEXT_LENGTH = 1 << 16
 _GEM_ID = re.compile(r"^(?P<name>.+?)-v(?P<version>\d+)(?P<variant>(-.+)?)$")
 TOOLS = ("python",)
+# Some GEM constructors reset once, unseeded, drawing from Python's global `random`: the random-size Sokoban picks
+# 6x6 with 2 boxes or 8x8 with 5 there, and the 8x8 level search took 0.03-90 s by the draw (seen: 18, 32, 48 s).
+# Construction draws from this seed instead (the 6x6 pick: under 0.1 s in 20 of 20), and the caller's state is put
+# back. Episodes are unaffected: every reset passes a seed, and GEM seeds its draws from it
+CONSTRUCTION_SEED = 1
 
 
 def envhub_id(gem_id: str) -> str:
@@ -42,6 +49,17 @@ def envhub_id(gem_id: str) -> str:
     version = "0" if match is None else match["version"]
     safe = re.sub(r"[^\w.-]", "_", name)
     return f"{FAMILY.prefix}{safe}-v{version}"
+
+
+@contextmanager
+def _seeded_python_random(seed: int) -> Iterator[None]:
+    """Python's global `random` seeded with `seed` inside, as it was before afterwards."""
+    state = random.getstate()
+    random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(state)
 
 
 class GemEnv(AgentEnv):
@@ -65,7 +83,7 @@ class GemEnv(AgentEnv):
         if unknown:
             raise ConfigError(f"unknown GEM tool(s) {unknown} for {gem_id}", hint=f"available: {', '.join(TOOLS)}")
         try:
-            with no_downloads(f"GEM's {gem_id}"):
+            with no_downloads(f"GEM's {gem_id}"), _seeded_python_random(CONSTRUCTION_SEED):
                 env = gem.make(gem_id, **kwargs)
         except ImportError as exc:
             raise AdapterUnavailable(
@@ -138,14 +156,12 @@ class GemEnv(AgentEnv):
             return [f"\\boxed{{{a}}}" for a in listed]
         if not hasattr(game, "sample_random_action"):
             return []
-        state = random.getstate()  # GEM draws from the global `random`: leave the caller's stream as it was
-        random.seed(zlib.crc32(self._last.encode()))
-        try:
-            drawn = [str(game.sample_random_action()) for _ in range(samples)]
-        except Exception:  # a game that cannot sample in this state
-            drawn = []
-        finally:
-            random.setstate(state)
+        # GEM draws from the global `random`: the caller's stream is left as it was
+        with _seeded_python_random(zlib.crc32(self._last.encode())):
+            try:
+                drawn = [str(game.sample_random_action()) for _ in range(samples)]
+            except Exception:  # a game that cannot sample in this state
+                drawn = []
         return sorted(set(drawn))
 
     def render_text(self) -> str:

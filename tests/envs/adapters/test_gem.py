@@ -1,6 +1,7 @@
 """gem-* ids: GEM's text, rewards and episode ends pass through unchanged; its python tool runs under bwrap; hub
 datasets are refused."""
 
+import random
 import shutil
 
 import pytest
@@ -39,6 +40,20 @@ def test_same_trajectory_as_gem_itself(env_id, gem_id, actions):
         if terminated or truncated:
             break
     check_env(ours.unwrapped, skip_render_check=True)
+
+
+def test_construction_draws_one_room_and_leaves_the_callers_random_stream_alone():
+    """GEM's random-size Sokoban resets once in its constructor, unseeded, from Python's global `random` (the 8x8
+    pick took up to 90 s to search): the adapter constructs it from a fixed draw and puts the caller's state back."""
+    random.seed(123)
+    expected = [random.random() for _ in range(3)]
+    random.seed(123)
+    envs = [envhub.make("gem-game-Sokoban-random-v0") for _ in range(2)]
+    assert [random.random() for _ in range(3)] == expected
+    assert [env.unwrapped.env.unwrapped.dim_room for env in envs] == [(6, 6), (6, 6)]
+    # episodes come from the reset's seed, as before (seed 3: a quick level; see test_every_adapted_id.py)
+    first, second = (env.reset(seed=3)[0] for env in envs)
+    assert first == second
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
