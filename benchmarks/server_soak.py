@@ -15,8 +15,10 @@ kind its own token, so that one's limits do not hide another's):
 - abandoned sessions: created and left open (reaped after --idle-timeout), sockets opened and left silent, and
   generations whose client hangs up mid-way.
 Written per server: requests the well-behaved clients made and their p50/p99 latency, the errors they saw
-(goal: none), the server's RSS at start, after a warm-up fifth of the run and at the end (goal: flat), the sessions
-reaped, and the answers the hostile clients got.
+(goal: none), the requests they did not send because they themselves had been idle past --idle-timeout on a loaded
+machine (`stalled_past_idle_timeout`: the reaper may rightly have closed the session by then), the server's RSS at
+start, after a warm-up fifth of the run and at the end (goal: flat), the sessions reaped, and the answers the hostile
+clients got.
 """
 
 from __future__ import annotations
@@ -123,6 +125,18 @@ class Latencies:
         self.seconds: list[float] = []
         self.errors: Counter[str] = Counter()
         self.samples: list[str] = []
+        self.stalled = 0  # requests not sent: the client itself had been idle past the server's idle timeout
+
+    def stalled_since(self, last_heard: float) -> bool:
+        """Whether this client has been idle longer than the server's idle timeout since `last_heard` (its previous
+        request on the session was sent then), so the reaper may rightly have closed the session: counted, not sent.
+        On a loaded machine a client can be held up that long between an answer and its next request (seen in the
+        parallel suite on 2 cores, beside the server, the hostile clients' process and the other test worker: a
+        session created, and its step sent more than 3 s later, found reaped)."""
+        if time.monotonic() - last_heard <= IDLE_TIMEOUT:
+            return False
+        self.stalled += 1
+        return True
 
     def error(self, what: str, detail: str) -> None:
         self.errors[what] += 1
@@ -155,6 +169,7 @@ class Latencies:
             "errors": sum(self.errors.values()),
             "errors_by_kind": dict(self.errors),
             "error_samples": self.samples,
+            "stalled_past_idle_timeout": self.stalled,
             "p50_ms": pick(0.5),
             "p99_ms": pick(0.99),
         }
@@ -170,10 +185,15 @@ async def good_envhub(url: str, token: str, until: float, seen: Latencies) -> No
     async with aiohttp.ClientSession(headers=_auth(token), timeout=aiohttp.ClientTimeout(total=60)) as http:
         while time.monotonic() < until:
             body = {"env_id": ENV_ID, "reset": True, "seed": random.randrange(1000)}
+            sent = time.monotonic()
             made = await seen.request(http, "POST", url + "/sessions", json=body)
             if made is not None:
-                await seen.request(http, "POST", f"{url}/sessions/{made['session_id']}/step", json={"action": "aei"})
-                await seen.request(http, "DELETE", f"{url}/sessions/{made['session_id']}")
+                session = f"{url}/sessions/{made['session_id']}"
+                for method, path, payload in (("POST", "/step", {"action": "aei"}), ("DELETE", "", None)):
+                    if seen.stalled_since(sent):
+                        break
+                    sent = time.monotonic()
+                    await seen.request(http, method, session + path, json=payload)
             await asyncio.sleep(THINK_S)
 
 
@@ -181,12 +201,15 @@ async def good_openenv(url: str, token: str, until: float, seen: Latencies) -> N
     """Episodes over one OpenEnv WebSocket: reset, step, and again."""
     async with aiohttp.ClientSession(headers=_auth(token), timeout=aiohttp.ClientTimeout(total=60)) as http:
         async with http.ws_connect(url.replace("http", "ws") + "/ws") as ws:
+            sent = time.monotonic()
             while time.monotonic() < until:
                 for message in (
                     {"type": "reset", "data": {"seed": random.randrange(1000)}},
                     {"type": "step", "data": {"text": "aei"}},
                 ):
-                    started = time.perf_counter()
+                    if seen.stalled_since(sent):  # the reaper may have closed the socket: this client is done
+                        return
+                    started, sent = time.perf_counter(), time.monotonic()
                     await ws.send_json(message)
                     reply = await ws.receive()
                     if reply.type != aiohttp.WSMsgType.TEXT:
@@ -409,7 +432,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         good = report[target]["well_behaved"]
         memory = report[target]["memory_mb"]
         print(
-            f"{target:8} requests {good['requests']:6} errors {good['errors']:3} p50 {good['p50_ms']} ms "
+            f"{target:8} requests {good['requests']:6} errors {good['errors']:3} "
+            f"stalled {good['stalled_past_idle_timeout']} p50 {good['p50_ms']} ms "
             f"p99 {good['p99_ms']} ms rss {memory['rss_start']} -> {memory['rss_after_warmup']} -> "
             f"{memory['rss_end']} MB hostile {report[target]['hostile']}",
             flush=True,

@@ -3,6 +3,7 @@ hostile clients get the limits' answers (408, 413, 429 / 401, sockets closed) an
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,11 @@ def test_a_short_soak_of_each_server_writes_its_report(tmp_path):
     assert "ws CLOSE 1009" in report["openenv"]["hostile"]["big"]
     assert report["openenv"]["hostile"]["abandon"]["ws left open"] > 0  # silent sockets, closed by the reaper
     assert set(report["engine"]["hostile"]["flood"]) == {"401"}
+
+
+def test_a_client_idle_past_the_timeout_is_counted_as_stalled_not_as_a_server_error():
+    seen = soak.Latencies()
+    assert not seen.stalled_since(time.monotonic())
+    assert seen.stalled_since(time.monotonic() - soak.IDLE_TIMEOUT - 0.5)
+    summary = seen.summary()
+    assert summary["stalled_past_idle_timeout"] == 1 and summary["errors"] == 0
