@@ -192,6 +192,7 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  #: weight of k3 KL to the initial policy (0 = no reference model)
     max_staleness: float = 1  #: steps a group may run ahead of the learner (async); 0.5: half a step's groups
     stale: Literal["drop", "correct"] = "drop"  #: what to do with groups beyond max_staleness
+    spare_groups: int = 0  #: groups started beyond the bound while the learner waits, to replace filtered ones
     tis_cap: float = 2.0  #: truncation C of pi_prox / mu and pi / mu weights: variant tis, decoupled, stale: correct
     pg_variant: Literal["ppo", "vanilla", "tis", "cispo", "topr", "decoupled", "gspo"] = (
         "ppo"  #: policy-gradient loss (docs/trainer.md, "Policy-gradient variants")
@@ -369,8 +370,7 @@ class TrainConfig:
                 "algorithm.filter_zero_variance is false, so every group is kept",
                 hint="set algorithm.filter_zero_variance: true, or rollout.task_sampling: fixed",
             )
-        if self.algorithm.mode == "async":
-            Staleness(self.algorithm.max_staleness).check(self.algorithm.groups_per_step)
+        Staleness.from_config(self.algorithm).check(self.algorithm.groups_per_step)  # sync: the spares only
         self.algorithm.validate()
         if self.learner.devices < 1:
             raise ConfigError(f"learner.devices must be at least 1, got {self.learner.devices}")

@@ -10,6 +10,12 @@ therefore loses only its old tokens, never the whole episode. Sync training is t
 The bound may be fractional (verl's `staleness_threshold`, "0.x-step" asynchrony): at 0.5 with 4 groups a step, 2
 groups of step v+1 may start on version v once the learner has taken its batch for step v, and the other 2 wait for
 v+1. Tokens may then lag by `ceil(max_staleness)` whole versions; only the admission is finer.
+
+Spare groups (`algorithm.spare_groups`, DAPO's over-sampling for its dynamic-sampling filter) are admitted beyond
+the bound while the learner waits for its batch, so a group the zero-variance filter throws away is already being
+replaced when it ends; the learner takes the first usable groups to finish. No spare starts once the batch is taken:
+it would play on weights about to be replaced. A spare still playing at the publish goes on with the new weights,
+and its older tokens are stale by the rule above (masked, or the group dropped if none is new), as in async runs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class StalenessSettings(Protocol):
     mode: Literal["async", "sync"]
     max_staleness: float
     stale: Literal["drop", "correct"]
+    spare_groups: int
 
 
 @dataclass(frozen=True)
@@ -41,15 +48,22 @@ class Staleness:
 
     max_staleness: float = 0
     mode: Literal["drop", "correct"] = "drop"
+    spares: int = 0  #: groups admitted beyond the bound while the learner waits for its batch
 
     @classmethod
     def from_config(cls, algorithm: StalenessSettings) -> Staleness:
-        """The rule a config asks for: async mode's `max_staleness`, sync mode 0."""
+        """The rule a config asks for: async mode's `max_staleness`, sync mode 0, and the spare groups."""
         bound = algorithm.max_staleness if algorithm.mode == "async" else 0
-        return cls(max_staleness=bound, mode=algorithm.stale)
+        return cls(max_staleness=bound, mode=algorithm.stale, spares=getattr(algorithm, "spare_groups", 0))
 
     def check(self, groups_per_step: int, name: str = "algorithm.max_staleness") -> None:
-        """ConfigError for a bound that is negative, or fractional yet too small to let one group start early."""
+        """ConfigError for a bound that is negative, or fractional yet too small to let one group start early, or a
+        negative number of spares."""
+        if self.spares < 0:
+            raise ConfigError(
+                f"algorithm.spare_groups must be >= 0, got {self.spares}",
+                hint="0 (none), or about groups_per_step x the share of groups the zero-variance filter throws away",
+            )
         if self.max_staleness < 0:
             raise ConfigError(f"{name} must be >= 0, got {self.max_staleness:g}")
         if self.max_staleness > 0 and self.groups_ahead(groups_per_step) == 0:
@@ -78,10 +92,12 @@ class Staleness:
         The whole steps of the bound are admitted at once; a fractional part's groups only while the learner trains
         on its batch for `learner_version` (`learning`). Admitted earlier, at the publish, they would run beside the
         groups that complete the learner's next batch, slowing them, instead of using the time the learner works.
+        The spares only while the learner waits for that batch (not `learning`).
         """
         ahead = self.groups_ahead(groups_per_step)
         partial = ahead % groups_per_step  # the groups of the fractional part, beyond its whole steps
-        return (learner_version + 1) * groups_per_step + ahead - (0 if learning else partial)
+        spares = 0 if learning else self.spares
+        return (learner_version + 1) * groups_per_step + ahead - (0 if learning else partial) + spares
 
     def stale_tokens(self, versions: torch.Tensor, loss_mask: torch.Tensor, learner_version: int) -> torch.Tensor:
         """Boolean mask of the model tokens older than the bound ([B, T] like `versions`)."""

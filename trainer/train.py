@@ -234,7 +234,7 @@ class Trainer:
             sampler,
             recorder,
             errors,
-            concurrency=max(cfg.rollout.concurrent_groups, algo.groups_per_step),
+            concurrency=max(cfg.rollout.concurrent_groups, algo.groups_per_step + algo.spare_groups),
             reward_window=2 * algo.groups_per_step * cfg.rollout.group_size,
         )
         if saved is not None and "record" in saved.state:

@@ -6,6 +6,7 @@ import pytest
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import config_from_dict, load_config
+from envhub.trainer.staleness import Staleness
 
 
 def test_minimal_config_gets_defaults(tmp_path):
@@ -37,6 +38,13 @@ def test_a_fractional_staleness_bound_is_accepted_unless_it_rounds_to_sync():
     assert "rounds down to 0 groups" in str(err.value) and "0.25 (one group of the 4" in str(err.value)
     # in sync mode the bound is not used, so it is not checked
     config_from_dict({"tasks": [{"env": "Math-v0"}], "algorithm": {"mode": "sync", "max_staleness": 0.1}})
+
+
+def test_spare_groups_are_checked_and_reach_the_staleness_rule():
+    with pytest.raises(ConfigError, match="spare_groups must be >= 0, got -1"):
+        config_from_dict({"tasks": [{"env": "Math-v0"}], "algorithm": {"mode": "sync", "spare_groups": -1}})
+    spares = config_from_dict({"tasks": [{"env": "Math-v0"}], "algorithm": {"mode": "sync", "spare_groups": 2}})
+    assert Staleness.from_config(spares.algorithm) == Staleness(0, "drop", 2)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,41 @@ async def test_sync_mode_admits_one_step_at_a_time():
         await asyncio.wait_for(queue.admit(), 0.05)
 
 
+async def test_spare_groups_start_while_the_learner_waits_and_replace_filtered_ones():
+    """DAPO's over-sampling: sync mode with 2 groups a step and 2 spares keeps 4 groups playing for the batch; none
+    starts while the learner trains; a spare still playing at the publish goes on, its old tokens stale."""
+    queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(0, spares=2))
+
+    async def admits(n):
+        for _ in range(n):
+            await asyncio.wait_for(queue.admit(), 1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(queue.admit(), 0.05)
+
+    await admits(4)
+    await queue.put(make_group([1.0, 1.0], version=0, group_id="filtered"))
+    await admits(1)  # its replacement starts at once, beside the three still playing
+    await queue.put(make_group([0.0, 1.0], version=0, group_id="a"))
+    await queue.put(make_group([1.0, 0.0], version=0, group_id="b"))
+    assert [g[0].group_id for g in await queue.get_batch()] == ["a", "b"]
+    await admits(0)  # the learner trains: two spares still play on version 0, and nothing more starts
+    await queue.put(make_group([0.0, 1.0], version=0, group_id="late"))  # done before the publish: all stale
+    await queue.set_version(1)
+    await admits(2)  # step 1's two groups and two spares, less the spare still playing and the one waiting
+    mixed = make_group([0.0, 1.0], version=1, group_id="mixed")
+    for trajectory in mixed:  # a spare whose first turn was sampled before the publish
+        trajectory.versions = [-1, 0, 1]
+    await queue.put(mixed)
+    await queue.put(make_group([1.0, 0.0], version=1, group_id="fresh"))
+    assert [g[0].group_id for g in await queue.get_batch()] == ["mixed", "fresh"]
+    assert queue.counters.dropped_stale == 1  # "late": every token one version old, in sync mode
+
+
+@pytest.mark.parametrize("bound, learning, capacity", [(0, False, 8), (0, True, 6), (1, False, 10), (1, True, 8)])
+def test_spares_add_to_the_capacity_only_while_the_learner_waits(bound, learning, capacity):
+    assert Staleness(bound, spares=2).capacity(2, 2, learning) == capacity
+
+
 async def test_stale_groups_are_dropped_or_corrected_and_counted():
     queue = TrajectoryQueue(groups_per_step=1, staleness=Staleness(1))
     await queue.set_version(3)
