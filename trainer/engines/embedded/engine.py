@@ -22,7 +22,12 @@ from envhub.errors import EngineError
 from envhub.inference import FinishReason, GenerateResult, InferenceEngine, SamplingParams
 from envhub.trainer.engines.embedded.compute_thread import ComputeThread
 from envhub.trainer.engines.embedded.decode_step import DecodeStep
-from envhub.trainer.engines.embedded.hardware import engine_dtype, fix_malloc_mmap_threshold, release_openmp_workers
+from envhub.trainer.engines.embedded.hardware import (
+    engine_dtype,
+    fix_malloc_mmap_threshold,
+    release_openmp_workers,
+    trim_heap,
+)
 from envhub.trainer.engines.embedded.kv_cache import KVCache
 from envhub.trainer.engines.embedded.model_runner import ModelRunner, kv_layout
 from envhub.trainer.engines.embedded.prefix_cache import PrefixCache
@@ -31,6 +36,8 @@ from envhub.trainer.engines.embedded.sampler import sample_next
 from envhub.trainer.engines.embedded.scheduler import IDLE_PREFILL_TOKENS, EngineStats, Request, Scheduler
 from envhub.trainer.engines.embedded.threads import apply_threads, threads_setting
 from envhub.trainer.engines.weights import load_state
+
+TRIM_EVERY_STEPS = 128  # steps between two trims of the heap (hardware.trim_heap: 3-9 ms each here)
 
 __all__ = ["EngineStats", "EmbeddedEngine", "PauseMode"]
 
@@ -265,6 +272,9 @@ class EmbeddedEngine(InferenceEngine):
                 [r.output_ids for r in rows],
                 [r.stop_ids for r in rows],
             )
+        stats = scheduler.stats
+        if (stats.prefill_steps + stats.decode_steps) % TRIM_EVERY_STEPS == 0:
+            trim_heap()  # free pages between the heap's live blocks back to the OS (hardware.trim_heap)
         version = self.version
         for request, token, logprob in zip(rows, tokens, logprobs):
             request.output_ids.append(token)

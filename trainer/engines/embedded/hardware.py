@@ -40,18 +40,26 @@ def engine_dtype(name: Any, device: Any) -> torch.dtype:
 
 
 @functools.cache
-def fix_malloc_mmap_threshold(threshold: int = 64 * 1024) -> bool:
+def fix_malloc_mmap_threshold(threshold: int = 2 * 1024 * 1024) -> bool:
     """Serve CPU tensors of `threshold` bytes or more from fresh mmaps (glibc only); True when applied.
 
     glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which KV-cache
     tensors of ever-changing sizes come from the heap, fragment it and are never returned: a multi-turn engine
     on CPU then grew by about 1 GB a minute with the live data flat. A fixed threshold disables that adjustment
-    (as MALLOC_MMAP_THRESHOLD_ does), so freed tensors go back to the OS.
+    (as MALLOC_MMAP_THRESHOLD_ does), so freed tensors of that size or more go back to the OS.
 
-    The price is ~3,800 page faults (~12 ms) per 32-row SmolLM2 decode step, whose activations and logits are
-    mapped and unmapped every step. A 32 MiB threshold (128 MiB trim) kept them on the heap and made the step
-    78 ms instead of 90 on 2 cores, but in a training process the learner's activations then stayed in the
-    heaps of its threads too: `make demo` grew past 24 GB in 5 minutes and was killed. Kept at 64 KiB.
+    Where to fix it, on a 2-core EPYC:
+    - 32 MiB (128 MiB trim): the learner's activations stayed in its threads' heaps and `make demo` grew past 24 GB
+      in 5 minutes and was killed.
+    - 64 KiB (until 2026-12-02): every MLP activation, the logits and the sampling buffers were mapped and unmapped
+      each step, with a page fault per 4 KiB touched: 76 M faults and 269 s of kernel time in one `make demo`
+      (sync, 1,203 CPU s in all).
+    - 2 MiB (2026-12-02): one decode step of 32 rows x 400 tokens 379 -> 264 ms (`benchmarks/engine_profile.py`,
+      2 threads; faults 9.1 M -> 2.3 M; at 8 rows 62 ms either way). `make demo`, one run: 24 RL steps at 19.8 s,
+      where runs at 64 KiB fitted 16 at 32-33 s (async the day before, sync that day); its evaluation 60 s instead
+      of 78-79; 132 s of kernel time. Its peak RSS 10.5 GB against 7.9-8.1 GB in two runs at 64 KiB, flat through
+      RL (9.4-9.7 GB) and 6-7 GB after it. KV caches and the learner's activations at the demo's sizes are larger
+      than 2 MiB and still mapped.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -60,6 +68,31 @@ def fix_malloc_mmap_threshold(threshold: int = 64 * 1024) -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
     except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt): nothing to fix
         return False
+
+
+@functools.cache
+def _glibc() -> Any:
+    """glibc, or None elsewhere (musl has neither mallopt nor malloc_trim)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None
+
+
+def trim_heap() -> bool:
+    """Give the free pages inside glibc's heaps back to the OS (`malloc_trim(0)`, every arena); True if any were.
+
+    Blocks under the mmap threshold are freed into the heaps, whose free space between live blocks stays resident:
+    in `benchmarks/engine_memory.py` (16 SmolLM2 conversations, 4 turns each) at a 2 MiB threshold, RSS less the
+    KV and prefix caches went 973 -> 1,065 MB from 40 s to 280 s without this, 991 -> 1,029 MB with it every
+    128 steps (one run each, 5-6 minutes; at 64 KiB it was 684 -> 704 MB over 9 minutes). The engine calls it
+    every `TRIM_EVERY_STEPS` steps.
+    """
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 @functools.cache

@@ -94,3 +94,20 @@ def test_a_freed_cache_goes_back_to_the_os():
     cache.shrink(0)  # no live row: everything is given back
     assert cache.bytes == 0
     assert process.memory_info().rss - before < 0.1 * (held - before)
+
+
+def test_trim_heap_gives_back_the_free_pages_between_live_blocks():
+    """Blocks under the engine's mmap threshold come from the heap: freeing every other one leaves holes that stay
+    resident until `trim_heap` (malloc_trim) hands their pages back."""
+    psutil = pytest.importorskip("psutil")
+    from envhub.trainer.engines.embedded.hardware import fix_malloc_mmap_threshold, trim_heap
+
+    if not fix_malloc_mmap_threshold():
+        pytest.skip("not glibc: no fixed thresholds")
+    process = psutil.Process()
+    blocks = [torch.ones(256 * 1024) for _ in range(400)]  # 1 MiB each, under the 2 MiB threshold
+    del blocks[::2]  # 200 MiB of holes between the 200 MiB still held
+    before = process.memory_info().rss
+    assert trim_heap()
+    assert before - process.memory_info().rss > 100 * 2**20
+    assert all(float(block[0]) == 1.0 for block in blocks)  # the live blocks are untouched
