@@ -54,7 +54,7 @@ class Staleness:
     def from_config(cls, algorithm: StalenessSettings) -> Staleness:
         """The rule a config asks for: async mode's `max_staleness`, sync mode 0, and the spare groups."""
         bound = algorithm.max_staleness if algorithm.mode == "async" else 0
-        return cls(max_staleness=bound, mode=algorithm.stale, spares=getattr(algorithm, "spare_groups", 0))
+        return cls(max_staleness=bound, mode=algorithm.stale, spares=algorithm.spare_groups)
 
     def check(self, groups_per_step: int, name: str = "algorithm.max_staleness") -> None:
         """ConfigError for a bound that is negative, or fractional yet too small to let one group start early, or a
@@ -96,8 +96,7 @@ class Staleness:
         """
         ahead = self.groups_ahead(groups_per_step)
         partial = ahead % groups_per_step  # the groups of the fractional part, beyond its whole steps
-        spares = 0 if learning else self.spares
-        return (learner_version + 1) * groups_per_step + ahead - (0 if learning else partial) + spares
+        return (learner_version + 1) * groups_per_step + ahead + (0 if learning else self.spares - partial)
 
     def stale_tokens(self, versions: torch.Tensor, loss_mask: torch.Tensor, learner_version: int) -> torch.Tensor:
         """Boolean mask of the model tokens older than the bound ([B, T] like `versions`)."""

@@ -27,6 +27,14 @@ def make_group(rewards, version, group_id="g"):
     ]
 
 
+async def admits(queue, n):
+    """`n` more groups are admitted at once, and then none."""
+    for _ in range(n):
+        await asyncio.wait_for(queue.admit(), 1)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(queue.admit(), 0.05)
+
+
 async def test_admission_enforces_max_staleness():
     queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(1))
     for _ in range(4):  # (0 + 1 + 1) * 2 groups may start at version 0
@@ -46,19 +54,13 @@ async def test_a_fractional_bound_lets_part_of_the_next_step_start_while_the_lea
     # learner has taken its step-0 batch (before that they would only slow the step-0 groups down)
     queue = TrajectoryQueue(groups_per_step=4, staleness=Staleness(0.5))
 
-    async def admits(n):
-        for _ in range(n):
-            await asyncio.wait_for(queue.admit(), 1)
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(queue.admit(), 0.05)
-
-    await admits(4)
+    await admits(queue, 4)
     for i in range(4):
         await queue.put(make_group([0.0, 1.0], version=0, group_id=str(i)))
     assert len(await queue.get_batch()) == 4
-    await admits(2)  # the learner trains on step 0: half of step 1 starts on version 0
+    await admits(queue, 2)  # the learner trains on step 0: half of step 1 starts on version 0
     await queue.set_version(1)
-    await admits(2)  # published: the rest of step 1 on version 1, and none of step 2 until that batch is taken
+    await admits(queue, 2)  # published: the rest of step 1 on version 1, and none of step 2 until that batch is taken
     # a group started early is one version old when it is used: within the bound, rounded up to whole versions
     await queue.put(make_group([0.0, 1.0], version=0, group_id="early"))
     await queue.put(make_group([0.0, 1.0], version=-1, group_id="older"))  # two versions old: nothing usable
@@ -67,7 +69,7 @@ async def test_a_fractional_bound_lets_part_of_the_next_step_start_while_the_lea
     batch = await queue.get_batch()
     assert [g[0].group_id for g in batch] == ["early", "fresh0", "fresh1", "fresh2"]
     assert queue.counters.dropped_stale == 1
-    await admits(3)  # the dropped group gave its slot back, and step 2's early half may start
+    await admits(queue, 3)  # the dropped group gave its slot back, and step 2's early half may start
 
 
 @pytest.mark.parametrize(
@@ -95,22 +97,16 @@ async def test_spare_groups_start_while_the_learner_waits_and_replace_filtered_o
     starts while the learner trains; a spare still playing at the publish goes on, its old tokens stale."""
     queue = TrajectoryQueue(groups_per_step=2, staleness=Staleness(0, spares=2))
 
-    async def admits(n):
-        for _ in range(n):
-            await asyncio.wait_for(queue.admit(), 1)
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(queue.admit(), 0.05)
-
-    await admits(4)
+    await admits(queue, 4)
     await queue.put(make_group([1.0, 1.0], version=0, group_id="filtered"))
-    await admits(1)  # its replacement starts at once, beside the three still playing
+    await admits(queue, 1)  # its replacement starts at once, beside the three still playing
     await queue.put(make_group([0.0, 1.0], version=0, group_id="a"))
     await queue.put(make_group([1.0, 0.0], version=0, group_id="b"))
     assert [g[0].group_id for g in await queue.get_batch()] == ["a", "b"]
-    await admits(0)  # the learner trains: two spares still play on version 0, and nothing more starts
+    await admits(queue, 0)  # the learner trains: two spares still play on version 0, and nothing more starts
     await queue.put(make_group([0.0, 1.0], version=0, group_id="late"))  # done before the publish: all stale
     await queue.set_version(1)
-    await admits(2)  # step 1's two groups and two spares, less the spare still playing and the one waiting
+    await admits(queue, 2)  # step 1's two groups and two spares, less the spare still playing and the one waiting
     mixed = make_group([0.0, 1.0], version=1, group_id="mixed")
     for trajectory in mixed:  # a spare whose first turn was sampled before the publish
         trajectory.versions = [-1, 0, 1]

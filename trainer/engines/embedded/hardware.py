@@ -61,25 +61,20 @@ def fix_malloc_mmap_threshold(threshold: int = 2 * 1024 * 1024) -> bool:
       RL (9.4-9.7 GB) and 6-7 GB after it. KV caches and the learner's activations at the demo's sizes are larger
       than 2 MiB and still mapped.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold))
-    except (OSError, AttributeError):  # not glibc (e.g. musl has no mallopt): nothing to fix
-        return False
+    libc = _glibc()
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)) if libc is not None else False
 
 
 @functools.cache
 def _glibc() -> Any:
-    """glibc, or None elsewhere (musl has neither mallopt nor malloc_trim)."""
+    """glibc, or None elsewhere (musl has neither mallopt nor malloc_trim: nothing to fix there)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    return libc if hasattr(libc, "malloc_trim") else None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 def trim_heap() -> bool:
