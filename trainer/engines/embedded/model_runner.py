@@ -98,6 +98,10 @@ class ModelRunner:
         # CUDA prefill path anywhere (tests run it on CPU).
         self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.gqa
         self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
+        # True: the pieces' tokens packed into one sequence, attention row by row (`_prefill_packed`, CPU only);
+        # False: rows padded to the longest piece, one masked attention over them all. Off by default until a
+        # `make demo` A/B shows its 1.6x prefill gain (benchmarks/engine_prefill.py) in the run (docs/engines.md)
+        self.pack_prefill = False
         # CPU decode attention: the C kernel of decode_attention.py (None: where it builds and takes these shapes;
         # True: required, an error naming why it cannot be used; False: SDPA)
         self.decode_kernel, self.decode_attention = self._decode_kernel(layout, native_decode)
@@ -126,9 +130,11 @@ class ModelRunner:
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
 
-        Rows are right-padded to the longest piece; padded positions write their keys into the scratch slot and
-        their outputs are discarded.
+        Packed (`pack_prefill`, on a CPU): see `_prefill_packed`. Otherwise rows are right-padded to the longest piece;
+        padded positions write their keys into the scratch slot and their outputs are discarded.
         """
+        if self.pack_prefill and self.device.type == "cpu" and not self.expand_gqa:
+            return self._prefill_packed(first_slot, pieces)
         cache, device = self.cache, self.device
         rows, width = len(pieces), max(len(p) for p in pieces)
         if self.pad_projections:  # few attention shapes too: the CPU flash kernel caches GEMM kernels per shape
@@ -158,6 +164,44 @@ class ModelRunner:
         )
         for row, piece in enumerate(pieces):
             cache.lengths[first_slot + row] += len(piece)
+        return logits
+
+    def _prefill_packed(self, first_slot: int, pieces: list[list[int]]) -> torch.Tensor:
+        """`prefill` with the pieces' tokens as one sequence: the projections and MLPs run on the real tokens only,
+        and attention runs row by row, each row's queries over its own keys.
+
+        A multi-turn engine's prefill step holds each row's new turn on top of a conversation it caches: pieces of
+        different lengths, over caches of different lengths. Padded to the longest piece, the step ran its GEMMs on
+        1.8-2.0x its tokens, and its attention on every row x the longest piece x the longest cache: 506 against 812
+        tokens/s packed (`benchmarks/engine_prefill.py`, 2 threads, quiet). Each row's queries are padded to a
+        multiple of 32 and its keys to one of 64 (the CPU flash kernel caches GEMM kernels per shape,
+        `shapes.projection_rows`); padded queries are dropped and keys past the row's tokens are masked.
+        """
+        cache, device = self.cache, self.device
+        counts = [len(piece) for piece in pieces]
+        starts = cache.lengths[first_slot : first_slot + len(pieces)]
+        ids = torch.tensor([token for piece in pieces for token in piece], dtype=torch.long)
+        positions = torch.cat([torch.arange(start, start + count) for start, count in zip(starts, counts)])
+        slots = torch.repeat_interleave(torch.arange(first_slot, first_slot + len(pieces)), torch.tensor(counts))
+        segments, offset = [], 0
+        for row, (start, count) in enumerate(zip(starts, counts)):
+            queries = round_up(count, 32)
+            extent = min(round_up(start + count, 64), cache.capacity)
+            causal = torch.arange(extent)[None, :] <= (start + torch.arange(queries))[:, None]
+            segments.append((offset, count, first_slot + row, extent, causal[None, None].to(device)))
+            offset += count
+        last = torch.tensor(counts).cumsum(0) - 1
+        logits = self.forward(
+            ids[None].to(device),
+            positions[None].to(device),
+            (slots[None].to(device), positions[None].to(device)),
+            slice(first_slot, first_slot + len(pieces)),
+            None,
+            last.to(device),
+            segments=segments,
+        )
+        for row, count in enumerate(counts):
+            cache.lengths[first_slot + row] += count
         return logits
 
     def decode(
@@ -191,10 +235,13 @@ class ModelRunner:
         mask: torch.Tensor | None,
         last: torch.Tensor | None,
         lengths: torch.Tensor | None = None,
+        segments: list[tuple[int, int, int, int, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """ids/positions [B, T]; write_at = (slots, positions) [B, T] where the new keys go; mask [B, 1, T, W]
-        over the slots `rows` (None with `lengths`); `last` [B] picks each row's output position (None: the only
-        one); `lengths` [B] (decode on the native kernel, instead of a mask: keys per row)."""
+        over the slots `rows` (None with `lengths` or `segments`); `last` [B] picks each row's output position
+        (None: the only one); `lengths` [B] (decode on the native kernel, instead of a mask: keys per row);
+        `segments` (packed prefill, B = 1): per row (offset, count, slot, key extent, causal mask) of its tokens
+        in the sequence, and `last` then holds each row's last token in it."""
         batch, length = ids.shape
         self.projections.refresh()  # re-pack weights that changed since the last step (none, usually)
         hidden = self.embed(ids)
@@ -215,14 +262,16 @@ class ModelRunner:
                 mask,
                 (batch, length),
                 lengths,
+                segments,
             )
             hidden = hidden + attended
             hidden = hidden + self.projections.mlp(index, layer.post_attention_layernorm(hidden))
-        hidden = hidden[:tokens].view(batch, length, -1)
-        if last is None:
-            hidden = hidden[:, -1]
+        if segments is not None:
+            hidden = hidden.index_select(0, last)
+        elif last is None:
+            hidden = hidden[:tokens].view(batch, length, -1)[:, -1]
         else:
-            hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+            hidden = hidden[:tokens].view(batch, length, -1)[torch.arange(batch, device=hidden.device), last]
         return self.projections.head(self.norm(hidden)).float()
 
     def _kv_rows(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -231,6 +280,23 @@ class ModelRunner:
         capacity = self.cache.keys[0].shape[2]
         heads = torch.arange(self.kv_heads, device=slots.device)[None, :, None]
         return ((slots[:, None, :] * self.kv_heads + heads) * capacity + positions[:, None, :]).reshape(-1)
+
+    def _attend_row(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slot: int,
+        extent: int,
+        causal: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """One row's queries [1, heads, count, d] over its slot's first `extent` keys; [1, heads, count, d]."""
+        count = q.shape[2]
+        q = F.pad(q, (0, 0, 0, causal.shape[2] - count))
+        keys, values = keys[slot : slot + 1, :, :extent], values[slot : slot + 1, :, :extent]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal, scale=scale, enable_gqa=self.gqa)
+        return out[:, :, :count]
 
     @staticmethod
     def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -249,6 +315,7 @@ class ModelRunner:
         mask: torch.Tensor | None,
         shape_in: tuple[int, int],
         lengths: torch.Tensor | None,
+        segments: list[tuple[int, int, int, int, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """x [padded tokens, hidden] -> the attention output projected, same rows."""
         batch, length = shape_in
@@ -265,6 +332,16 @@ class ModelRunner:
             q = q.reshape(batch, self.kv_heads, self.group, self.head_dim)
             out = self.decode_kernel(q, keys, values, lengths, attn.scaling)
             out = out.reshape(batch, -1, length, self.head_dim).transpose(1, 2).reshape(tokens, -1)
+            return self.projections.o(index, self._pad(out, x.shape[0]))
+        if segments is not None:  # packed prefill: each row's queries over its own slot
+            out = torch.cat(
+                [
+                    self._attend_row(q[:, :, offset : offset + count], keys, values, slot, extent, causal, attn.scaling)
+                    for offset, count, slot, extent, causal in segments
+                ],
+                dim=2,
+            )
+            out = out.transpose(1, 2).reshape(tokens, -1)
             return self.projections.o(index, self._pad(out, x.shape[0]))
         width = mask.shape[-1]
         keys, values = keys[rows, :, :width], values[rows, :, :width]

@@ -108,3 +108,35 @@ def test_cpu_prefill_projections_run_on_few_shapes_with_at_most_a_quarter_of_pad
     assert all(size >= n for n, size in enumerate(sizes, start=1))
     assert all(size <= max(64, 1.25 * n) for n, size in enumerate(sizes, start=1))
     assert len(set(sizes)) <= 4 * 7 + 1  # 64, then four sizes an octave up to 8192
+
+
+def test_cpu_prefill_packs_pieces_of_different_lengths_over_caches_of_different_lengths(tiny_model):
+    history = [list(range(10, 80)), [5, 6], list(range(100, 130))]  # 70, 2 and 30 tokens cached first
+    turns = [list(range(200, 240)), [7, 8, 9], list(range(300, 317))]  # 60 new tokens: 3 x 64 if padded
+    seen = []
+
+    def runner_after_history():
+        cache = KVCache(kv_layout(tiny_model), 1 << 24, max_rows=4, max_tokens=2048)
+        cache.reserve(len(history), 128)
+        for _ in history:
+            cache.add_row()
+        runner = ModelRunner(tiny_model, cache)
+        runner.pack_prefill = True
+        runner.prefill(0, history, 0)
+        return runner, cache
+
+    with torch.inference_mode():
+        runner, cache = runner_after_history()
+        mlp = runner.projections.mlp
+        runner.projections.mlp = lambda index, x: seen.append(x.shape[0]) or mlp(index, x)
+        logits = runner.prefill(0, turns, 0)
+        for row, (before, turn) in enumerate(zip(history, turns)):
+            assert torch.allclose(logits[row], last_logits(tiny_model, before + turn), atol=1e-4)
+        padded_runner, _ = runner_after_history()
+        padded_runner.pack_prefill = False
+        assert torch.allclose(padded_runner.prefill(0, turns, 0), logits, atol=1e-4)
+        for row in range(len(history)):  # the same keys and values cached
+            for (k, v), (pk, pv) in zip(cache.row_kv(row), padded_runner.cache.row_kv(row)):
+                assert torch.allclose(k, pk, atol=1e-4) and torch.allclose(v, pv, atol=1e-4)
+    assert set(seen) == {projection_rows(60)}, f"MLP rows {set(seen)}; padded, a step runs 3 x 64 rows or more"
+    assert cache.lengths[:3] == [110, 5, 47]
