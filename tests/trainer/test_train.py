@@ -47,7 +47,7 @@ async def test_run_writes_metrics_curve_and_checkpoints_then_resumes_at_next_ste
     # where each step's time went (the learner, the push, the wait) and the engine's decode rate in the interval
     assert all(0 < r["time/learner_s"] <= r["time/learner_s"] + r["time/push_s"] <= r["time/interval_s"] for r in rows)
     assert all(r["time/wait_s"] <= r["time/interval_s"] and r["time/generate_s"] > 0 for r in rows)
-    assert rows[0]["engine/decode_tokens_per_s"] > 0 and rows[0]["engine/busy_s"] > 0
+    assert rows[0]["engine/decode_tokens_per_s"] > 0 and rows[0]["engine/busy_s"] > rows[0]["engine/prefill_s"] > 0
     stages = json.loads((tmp_path / "stages.json").read_text())
     assert list(stages["stages_s"]) == ["engine start", "rl"] and stages["rl_steps"] == 2
     assert stages["rl_steps_per_minute"] > 0 and stages["rl_step_means"]["time/learner_s"] > 0

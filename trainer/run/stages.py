@@ -12,7 +12,8 @@ Per step, over the step's interval (from the end of the previous step to the end
 - `time/generate_s`, `time/env_s`: episode-seconds the batch's episodes spent waiting on the engine and in their envs
   (reset and steps, sandboxes included); episodes overlap, so these add up to more than the wall time;
 - `engine/decode_tokens_per_s`: decode tokens over decode seconds in the interval (the engine's own rate, not
-  diluted by idle time), and `engine/busy_s`.
+  diluted by idle time), `engine/busy_s`, and of it `engine/prefill_s` (prefill steps: prompts and each turn's
+  new tokens).
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ class StepTimer:
         if counters is not None and self._at_interval is not None:
             busy, decode_s, decode_tokens = (now_ - then for now_, then in zip(counters, self._at_interval))
             figures["engine/busy_s"] = busy
+            figures["engine/prefill_s"] = busy - decode_s
             figures["engine/decode_tokens_per_s"] = decode_tokens / decode_s if decode_s > 0 else None
         self.interval_started, self._at_interval, self.idle_s = now, counters, None
         return figures
