@@ -36,6 +36,12 @@ class FrozenLakeEnv(GridToolEnv):
     `spaced=True` draws the grid with a space between cells ("P F H"). Compact rows ("PFH") are what gymnasium's
     FrozenLake prints, but a BPE tokenizer merges them into multi-cell tokens (SmolLM2: "PFF" -> "P", "FF"), so a
     model cannot tell which column a hole is in; spaced, every cell is one token.
+
+    `neighbours=True` adds a line naming the four squares next to the player ("Next to you: up the edge, down ice,
+    left the edge, right a hole."), as text suites such as BabyAI describe what is in front of the agent. The
+    grid stays; what the line adds is the reading a small model fails at: SmolLM2-135M fine-tuned on 96 solver
+    episodes of 3x3 lakes with 40% holes solved 0.33 of held-out lakes greedily, under the 0.39 that replaying one
+    fixed move sequence solves, where reading one square ahead solves 0.87 (`benchmarks/frozen_lake_ceilings.py`).
     """
 
     system_prompt = (
@@ -54,6 +60,7 @@ class FrozenLakeEnv(GridToolEnv):
         hole_fraction: float = 0.2,
         slippery: bool = False,
         spaced: bool = False,
+        neighbours: bool = False,
         render_mode: str | None = None,
     ) -> None:
         if size < 2:
@@ -64,6 +71,7 @@ class FrozenLakeEnv(GridToolEnv):
         self.hole_fraction = hole_fraction
         self.slippery = slippery
         self.spaced = spaced
+        self.neighbours = neighbours
         self.render_mode = render_mode
         self.grid: list[str] = []
         self.position: Cell | None = None
@@ -153,8 +161,17 @@ class FrozenLakeEnv(GridToolEnv):
             for r, row in enumerate(self.grid)
         ]
         r, c = self.position
-        under = {"S": "the start", "F": "ice", "H": "a hole", "G": "the goal"}[self.grid[r][c]]
-        return "\n".join(rows) + f"\n{LEGEND}\nYou are at row {r}, column {c} (0-based), on {under}."
+        under = {"S": "the start", "F": "ice", "H": "a hole", "G": "the goal"}
+        text = "\n".join(rows) + f"\n{LEGEND}\nYou are at row {r}, column {c} (0-based), on {under[self.grid[r][c]]}."
+        if self.neighbours:
+            around = []
+            for direction in ("up", "down", "left", "right"):
+                cell = self._neighbour(self.position, direction)
+                around.append(
+                    f"{direction} " + ("the edge" if cell == self.position else under[self.grid[cell[0]][cell[1]]])
+                )
+            text += f"\nNext to you: {', '.join(around)}."
+        return text
 
     # -- solvers -------------------------------------------------------------------------------
     def solve(self) -> list[str] | None:

@@ -109,6 +109,19 @@ def test_spaced_grid_gives_every_cell_its_own_token():
     assert obs.splitlines()[-3:-2] == ["F F G"] and "S P F" in obs
 
 
+def test_neighbours_line_names_the_four_squares_around_the_player_and_changes_nothing_else():
+    plain, described = FrozenLakeEnv(size=3, spaced=True), FrozenLakeEnv(size=3, spaced=True, neighbours=True)
+    obs_plain, info_plain = plain.reset(seed=5)
+    obs, info = described.reset(seed=5)
+    assert described.grid == ["SFF", "HFH", "FFG"]
+    assert obs == obs_plain + "\nNext to you: up the edge, down a hole, left the edge, right ice."
+    assert info["anchor"] == info_plain["anchor"]  # the same state, described more
+    obs, *_ = described.step("right")
+    assert obs.endswith("Next to you: up the edge, down ice, left the start, right ice.")
+    obs, *_ = described.step("down")
+    assert obs.endswith("Next to you: up ice, down ice, left a hole, right a hole.")
+
+
 def test_anchor_names_the_square_whatever_the_way_there():
     env = FrozenLakeEnv(size=4, hole_fraction=0.0)
     start = env.reset(seed=0)[1]["anchor"]
