@@ -87,7 +87,7 @@ $(STAMP): pyproject.toml setup.py | $(UV)
 	$(PIP_INSTALL) $(BIN)/python --no-deps gem-llm==0.1.0 openenv-core==0.3.0  # gem pins an older reasoning-gym; openenv-core would pull gradio
 	$(PIP_INSTALL) $(BIN)/python trl==1.16.0 skyrl-gym==0.4.0  # trainer integrations (docs/integrations.md)
 	@# the agent suites (docs/adapters.md); textworld lean: its own deps pull spacy, which it does not need
-	$(PIP_INSTALL) $(BIN)/python minigrid==3.2.0 pygame-ce==2.5.8 scienceworld==1.2.3 crafter==1.8.3 -e '.[textworld-lean]'
+	$(PIP_INSTALL) $(BIN)/python minigrid==3.2.0 pygame-ce==2.5.8 scienceworld==1.2.3 crafter==1.8.3 numba==0.68.1 -e '.[textworld-lean]'
 	$(PIP_INSTALL) $(BIN)/python --no-deps textworld==1.7.0 jericho==3.3.1
 	@# verl pins hydra-core (antlr 4.9; math-verify above needs 4.13) and skyrl wants Python 3.12: their pure-Python
 	@# parts go into folders of their own, which the integration tests put on a subprocess's path (the venv stays as is)

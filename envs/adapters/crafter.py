@@ -15,6 +15,8 @@
   not reproducible: it picks which creature to despawn from a set ordered by memory address; the env
   here orders those creatures by kind and position first, so the same seed and actions give the same
   episode in every process.
+- Reset cost: Crafter draws each world from opensimplex noise, which runs compiled when numba is installed (the
+  `crafter` extra brings it): 0.07-0.13 s a reset against 1.3-1.5 s in pure Python on a 2-core EPYC, same worlds.
 - No expert: Crafter has no scripted policy or walkthrough.
 - No anchor (`info["anchor"]`, docs/authoring.md): Crafter's state holds its step count. The daylight follows it,
   creatures are balanced every tenth step, and the player's hunger, thirst and fatigue counters grow every step,
