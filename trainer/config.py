@@ -86,6 +86,9 @@ class EngineConfig:
     max_batch_size: int = 16  #: requests the embedded engine batches together
     prefix_cache_mb: float = 256.0  #: embedded engine: KV of earlier turns kept for reuse (0 = off)
     prefill_chunk: int = 512  #: embedded engine: prompt tokens per prefill step, interleaved with decoding (0 = whole)
+    #: embedded engine, CPU: a prefill step's pieces as one sequence through the GEMMs, attention row by row; off until
+    #: a make demo A/B in one sitting decides it (docs/engines.md)
+    pack_prefill: bool = False
     dtype: Literal["auto", "float32", "bfloat16"] = (
         "auto"  #: embedded engine: auto = bf16 on CUDA, on CPUs with bf16 units (AMX), with a bf16 learner; else fp32
     )

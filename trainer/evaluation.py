@@ -98,6 +98,7 @@ async def evaluate_policy(
         prefill_chunk=config.engine.prefill_chunk,
         dtype=dtype,
         priority=config.engine.priority,
+        pack_prefill=config.engine.pack_prefill,
     )
     sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=ev.temperature, top_p=1.0)
 

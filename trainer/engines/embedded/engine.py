@@ -75,6 +75,7 @@ class EmbeddedEngine(InferenceEngine):
         pack_weights: bool | None = None,
         native_decode: bool | None = None,
         priority: int = 5,
+        pack_prefill: bool = False,
     ) -> None:
         device = next(model.parameters()).device
         if dtype is not None:
@@ -100,6 +101,7 @@ class EmbeddedEngine(InferenceEngine):
         )
         self.threads = threads_setting(threads) if device.type == "cpu" else None
         self.runner = ModelRunner(model, self.cache, packed=pack_weights, native_decode=native_decode)
+        self.runner.pack_prefill = pack_prefill
         self.decode_step = DecodeStep(self.runner, graphs=graphs)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self.scheduler = Scheduler(
@@ -137,7 +139,7 @@ class EmbeddedEngine(InferenceEngine):
         return (
             f"embedded engine: {self.runner.device.type}, {str(self.cache.layout.dtype).removeprefix('torch.')}, "
             f"projections {'packed (oneDNN)' if packed else 'as modules'}, decode attention: "
-            f"{self.runner.decode_attention}"
+            f"{self.runner.decode_attention}" + (", prefill packed" if self.runner.pack_prefill else "")
         )
 
     @property

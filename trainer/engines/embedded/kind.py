@@ -53,6 +53,7 @@ class EmbeddedKind(EngineKind):
             kv_cache_mb=cfg.kv_cache_mb,
             cuda_graphs=None if cfg.cuda_graphs else False,
             priority=cfg.priority,
+            pack_prefill=cfg.pack_prefill,
         )
 
     def processes(self, config: Any, cuda: bool) -> list[Any]:

@@ -140,3 +140,19 @@ def test_cpu_prefill_packs_pieces_of_different_lengths_over_caches_of_different_
                 assert torch.allclose(k, pk, atol=1e-4) and torch.allclose(v, pv, atol=1e-4)
     assert set(seen) == {projection_rows(60)}, f"MLP rows {set(seen)}; padded, a step runs 3 x 64 rows or more"
     assert cache.lengths[:3] == [110, 5, 47]
+
+
+async def test_engine_pack_prefill_in_a_config_reaches_the_runner_and_the_start_line(tiny_model, tokenizer):
+    from envhub.trainer.config import config_from_dict
+    from envhub.trainer.engines.embedded.kind import EmbeddedKind
+
+    for on in (False, True):
+        config = config_from_dict(
+            {"model": {"name": "tiny"}, "tasks": [{"env": "Letters-v0"}], "engine": {"pack_prefill": on}}
+        )
+        engine = await EmbeddedKind().build(config, tiny_model, tokenizer)
+        try:
+            assert engine.runner.pack_prefill is on
+            assert engine.describe().endswith(", prefill packed") is on
+        finally:
+            await engine.close()
