@@ -100,8 +100,9 @@ class EmbeddedEngine(InferenceEngine):
             static=graphs,
         )
         self.threads = threads_setting(threads) if device.type == "cpu" else None
-        self.runner = ModelRunner(model, self.cache, packed=pack_weights, native_decode=native_decode)
-        self.runner.pack_prefill = pack_prefill
+        self.runner = ModelRunner(
+            model, self.cache, packed=pack_weights, native_decode=native_decode, pack_prefill=pack_prefill
+        )
         self.decode_step = DecodeStep(self.runner, graphs=graphs)
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20))
         self.scheduler = Scheduler(

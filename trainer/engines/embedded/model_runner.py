@@ -72,6 +72,7 @@ class ModelRunner:
         expand_gqa: bool | None = None,
         packed: bool | None = None,
         native_decode: bool | None = None,
+        pack_prefill: bool = False,
     ) -> None:
         reason = unsupported_reason(model)
         if reason:
@@ -98,10 +99,11 @@ class ModelRunner:
         # CUDA prefill path anywhere (tests run it on CPU).
         self.expand_gqa = (self.device.type == "cuda" if expand_gqa is None else expand_gqa) and self.gqa
         self.pad_projections = self.device.type == "cpu"  # oneDNN's per-shape primitives (`projection_rows`)
-        # True: the pieces' tokens packed into one sequence, attention row by row (`_prefill_packed`, CPU only);
-        # False: rows padded to the longest piece, one masked attention over them all. Off by default until a
-        # `make demo` A/B shows its 1.6x prefill gain (benchmarks/engine_prefill.py) in the run (docs/engines.md)
-        self.pack_prefill = False
+        # True: the pieces' tokens packed into one sequence, attention row by row (`_prefill_packed`), where it is
+        # built for: a CPU, GQA left to the flash kernel. False: rows padded to the longest piece, one masked
+        # attention over them all. Off by default: its 1.6x prefill gain in benchmarks/engine_prefill.py did not
+        # carry over to `make demo` (docs/engines.md)
+        self.pack_prefill = pack_prefill and self.device.type == "cpu" and not self.expand_gqa
         # CPU decode attention: the C kernel of decode_attention.py (None: where it builds and takes these shapes;
         # True: required, an error naming why it cannot be used; False: SDPA)
         self.decode_kernel, self.decode_attention = self._decode_kernel(layout, native_decode)
@@ -130,10 +132,10 @@ class ModelRunner:
     def prefill(self, first_slot: int, pieces: list[list[int]], pad_id: int) -> torch.Tensor:
         """Feed `pieces[i]` to row `first_slot + i` after the tokens it holds; returns last-position logits [rows, V].
 
-        Packed (`pack_prefill`, on a CPU): see `_prefill_packed`. Otherwise rows are right-padded to the longest piece;
+        Packed (`pack_prefill`): see `_prefill_packed`. Otherwise rows are right-padded to the longest piece;
         padded positions write their keys into the scratch slot and their outputs are discarded.
         """
-        if self.pack_prefill and self.device.type == "cpu" and not self.expand_gqa:
+        if self.pack_prefill:
             return self._prefill_packed(first_slot, pieces)
         cache, device = self.cache, self.device
         rows, width = len(pieces), max(len(p) for p in pieces)

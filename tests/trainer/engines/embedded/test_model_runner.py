@@ -115,31 +115,35 @@ def test_cpu_prefill_packs_pieces_of_different_lengths_over_caches_of_different_
     turns = [list(range(200, 240)), [7, 8, 9], list(range(300, 317))]  # 60 new tokens: 3 x 64 if padded
     seen = []
 
-    def runner_after_history():
+    def runner_after_history(packed):
         cache = KVCache(kv_layout(tiny_model), 1 << 24, max_rows=4, max_tokens=2048)
         cache.reserve(len(history), 128)
         for _ in history:
             cache.add_row()
-        runner = ModelRunner(tiny_model, cache)
-        runner.pack_prefill = True
+        runner = ModelRunner(tiny_model, cache, pack_prefill=packed)
+        assert runner.pack_prefill is packed
         runner.prefill(0, history, 0)
         return runner, cache
 
     with torch.inference_mode():
-        runner, cache = runner_after_history()
+        runner, cache = runner_after_history(True)
         mlp = runner.projections.mlp
         runner.projections.mlp = lambda index, x: seen.append(x.shape[0]) or mlp(index, x)
         logits = runner.prefill(0, turns, 0)
         for row, (before, turn) in enumerate(zip(history, turns)):
             assert torch.allclose(logits[row], last_logits(tiny_model, before + turn), atol=1e-4)
-        padded_runner, _ = runner_after_history()
-        padded_runner.pack_prefill = False
+        padded_runner, _ = runner_after_history(False)
         assert torch.allclose(padded_runner.prefill(0, turns, 0), logits, atol=1e-4)
         for row in range(len(history)):  # the same keys and values cached
             for (k, v), (pk, pv) in zip(cache.row_kv(row), padded_runner.cache.row_kv(row)):
                 assert torch.allclose(k, pk, atol=1e-4) and torch.allclose(v, pv, atol=1e-4)
     assert set(seen) == {projection_rows(60)}, f"MLP rows {set(seen)}; padded, a step runs 3 x 64 rows or more"
     assert cache.lengths[:3] == [110, 5, 47]
+    # the CUDA prefill path (heads expanded) has no packed form: asking for it there leaves it off, and the
+    # start line, which reads this flag, does not claim it
+    cuda_cache = KVCache(kv_layout(tiny_model), 1 << 20, max_rows=1, max_tokens=64)
+    cuda_path = ModelRunner(tiny_model, cuda_cache, expand_gqa=True, pack_prefill=True)
+    assert cuda_path.pack_prefill is False
 
 
 async def test_engine_pack_prefill_in_a_config_reaches_the_runner_and_the_start_line(tiny_model, tokenizer):
