@@ -27,7 +27,7 @@ PIP_INSTALL := UV=$(UV) bash scripts/pip-install.sh
 unexport PYTHONDONTWRITEBYTECODE
 # default-jre-headless: ScienceWorld's simulator runs in a JVM; gcc, make: jericho (TextWorld's) builds from source, and gcc
 # builds the embedded engine's CPU decode-attention kernel on first use (trainer/engines/embedded/decode_attention.py)
-APT_PACKAGES := docker.io bubblewrap debootstrap busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
+APT_PACKAGES := docker.io bubblewrap debootstrap eatmydata busybox-static git chromium fonts-dejavu-core default-jre-headless gcc make
 export ENVHUB_CACHE ?= $(HOME)/.cache/envhub
 # The two virtualenvs, dockerd and the base image build side by side (pip keeps one core busy at a time).
 MAKEFLAGS += --jobs=3

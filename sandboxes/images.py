@@ -81,25 +81,37 @@ def ensure_rootfs(*, build: bool = True) -> Path:
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    command = [
-        "debootstrap",
-        f"--variant={RECIPE['variant']}",
-        f"--include={','.join(RECIPE['include'])}",
-        RECIPE["suite"],
-        str(partial),
-        RECIPE["mirror"],
-    ]
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = subprocess.run(debootstrap_command(partial), capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
         raise SandboxError("debootstrap failed: " + " | ".join(tail), hint="check that a Debian mirror is reachable")
     _add_sandbox_user(partial)
     shutil.rmtree(partial / "var" / "cache" / "apt" / "archives", ignore_errors=True)
     (partial / "var" / "cache" / "apt" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    os.sync()  # the fsyncs eatmydata skipped, once for the whole tree, before the marker says it is complete
     (partial / ".envhub-complete").write_text(json.dumps(RECIPE, sort_keys=True))
     shutil.rmtree(path, ignore_errors=True)
     partial.rename(path)
     return path
+
+
+def debootstrap_command(target: Path) -> list[str]:
+    """The debootstrap command line that builds the recipe's rootfs into `target`.
+
+    Under `eatmydata` where it is installed (`make install` brings it): dpkg fsyncs every file it unpacks, and
+    skipping those (one `sync` follows the build) cut the build from 115-119 s to 78-81 s on a 2-core EPYC, two runs
+    each, another process busy; the files are the same.
+    """
+    command = [
+        "debootstrap",
+        f"--variant={RECIPE['variant']}",
+        f"--include={','.join(RECIPE['include'])}",
+        RECIPE["suite"],
+        str(target),
+        RECIPE["mirror"],
+    ]
+    eatmydata = shutil.which("eatmydata")
+    return [eatmydata, *command] if eatmydata else command
 
 
 def _add_sandbox_user(rootfs: Path) -> None:

@@ -29,3 +29,13 @@ async def test_derived_image_carries_files_and_is_cached(base_image):
         async with pool.acquire() as sb:
             r = await sb.exec("python3 /opt/task/repo/hello.py", timeout=20)
     assert r.stdout == "hello from derived\n"
+
+
+def test_debootstrap_runs_under_eatmydata_where_installed_and_plainly_elsewhere(monkeypatch, tmp_path):
+    from envhub.sandboxes import images
+
+    plain = images.debootstrap_command(tmp_path)  # `make install` brings eatmydata
+    assert plain[0].endswith("/eatmydata") and plain[1] == "debootstrap" and str(tmp_path) in plain
+    real_which = images.shutil.which
+    monkeypatch.setattr(images.shutil, "which", lambda name: None if name == "eatmydata" else real_which(name))
+    assert images.debootstrap_command(tmp_path) == plain[1:]
