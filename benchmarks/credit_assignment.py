@@ -69,16 +69,18 @@ greedy success falls toward its rate: this lake measures how fast a policy colla
 checkpoint of this config (32 expert episodes, 1 epoch) solved 0.359 of 64 there, no better than a replay. Before
 the decisive set: an SFT stage that reads the map (well above the replay's rate), and a pilot where RL raises greedy
 held-out success; no setting is fixed yet.
-Pilot 3 (2026-12-03, grpo, 8 steps, seeds 100-102 and none of them in a set; /tmp, not kept): the 3x3 lake with 40%
+Pilot 3 (2026-12-03, grpo, 8 steps, seeds 100-103, none in a set; /tmp, not kept): the 3x3 lake with 40%
 holes and `neighbours: true` (a line naming the four squares around the player), SFT on 96 solver episodes x 2
 epochs (loss 0.240 -> 0.019). The checkpoint: 0.422 greedy held-out, 0.469 sampled at T=1 (a replay solves 0.39
 there, reading one square ahead 0.87). Greedy, lr 1e-5, 2 groups a step: 0.422 -> 0.359 (step 4) -> 0.328 (step 8).
 Sampled, lr 1e-5, 2 groups: 0.469 -> 0.469 -> 0.375. Sampled, lr 2e-5, 4 groups: 0.469 -> 0.438 -> 0.422 (1,199 s).
 Anchor share 0.85-1.0 a step; training batches 0.13-1.0 solved with no trend. A weaker start on the 20% lake (SFT on
 16 episodes, 1 epoch: 0.000 greedy held-out, episodes using all 6 turns) stayed at 0.00-0.06 solved in its 8
-training batches and at 0.000 held-out at steps 4 and 8 (1,352 s). So RL from these starts did not raise held-out
-success within 8 steps, at either lr, batch or evaluation temperature; the decisive set still waits for a pilot
-where it does.
+training batches and at 0.000 held-out at steps 4 and 8 (1,352 s). Greedy, lr 1e-5, 8 groups of 4 a step (seed 103):
+0.422 -> 0.359 -> 0.328, the same held-out figures as the first run (21 of 64 at step 8), as if both had settled on
+one move sequence (not checked: the runs' episodes were not kept). So RL from these starts did not raise held-out
+success within 8 steps, at either lr, batch shape or evaluation temperature; the decisive set still waits for a
+pilot where it does.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
