@@ -32,6 +32,8 @@ config (one checkpoint, the same held-out seeds), so it is evaluated once and ke
 (`*-sft-heldout-*.json`); a sampled evaluation is a fresh draw, evaluated per run as before. The last step is the
 trainer's own final evaluation, not evaluated again from its checkpoint. Success is the mean held-out reward (1.0 =
 solved on these envs).
+Each run file also counts the distinct action sequences its final held-out episodes played, and the share of the
+commonest one (`final_sequences`): a policy settled on one replay has a share near 1.
 
 The merge writes, per env: each estimator's mean curve over seeds, steps to reach the SFT checkpoint's success + 0.1
 (first curve point of the mean curve at or above it, null if none), the mean anchor share of its learner steps, and
@@ -95,6 +97,7 @@ import json
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +199,24 @@ async def checkpoint_curve(config: TrainConfig, run_dir: Path, last: int) -> tup
     return curve, left_out
 
 
+def sequence_spread(episodes: Path) -> dict[str, Any] | None:
+    """How many distinct action sequences the held-out episodes in `episodes` (an episodes.jsonl) played, and the
+    share that played the commonest one: a policy that collapsed onto one replay has a share near 1. None when the
+    file is missing or holds no episode."""
+    try:
+        lines = episodes.read_text().splitlines()
+    except OSError:
+        return None
+    sequences = Counter()
+    for line in lines:
+        record = json.loads(line)
+        if record.get("kind") == "episode":
+            sequences[tuple(e.get("text", "") for e in record.get("log", []) if e.get("kind") == "turn")] += 1
+    if not sequences:
+        return None
+    return {"distinct": len(sequences), "top_share": round(sequences.most_common(1)[0][1] / sequences.total(), 4)}
+
+
 def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run: train, then evaluate its checkpoints; the record a runs file holds. `start`: step 0 evaluated once
     for every run (`shared_start`), else the run's own evaluation before training."""
@@ -222,6 +243,8 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
         "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
         "final": report["after"],
         "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
+        # the final held-out episodes' action sequences: did the policy settle on one replay?
+        "final_sequences": sequence_spread(run_dir / "eval-after" / "episodes.jsonl"),
         # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
         "eval_left_out": (start["left_out"] if start else left_out("before")) + left_out("after") + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),

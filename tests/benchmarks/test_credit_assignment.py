@@ -129,3 +129,14 @@ def test_a_step_zero_with_episodes_left_out_is_not_kept_for_later_sittings(tmp_p
     assert record["left_out"] == 4 and not any(tmp_path.iterdir())  # the next sitting evaluates it again
     out = capsys.readouterr().out
     assert "Sokoban-v0: 4 of 4 (timeout 4)" in out and "evaluation.episode_timeout_s (900 s)" in out
+
+
+def test_the_final_evaluation_reports_how_many_action_sequences_it_played(tmp_path):
+    def episode(*moves):
+        log = [{"kind": "reset", "observation": "a lake"}] + [{"kind": "turn", "text": m} for m in moves]
+        return json.dumps({"kind": "episode", "reward": 0.0, "log": log})
+
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("\n".join([episode("down", "right")] * 3 + [episode("right", "down"), episode("down")]) + "\n")
+    assert credit.sequence_spread(path) == {"distinct": 3, "top_share": 0.6}
+    assert credit.sequence_spread(tmp_path / "missing.jsonl") is None
