@@ -111,6 +111,7 @@ from envhub.errors import ConfigError  # noqa: E402
 from envhub.trainer.config import TrainConfig, config_from_dict  # noqa: E402
 from envhub.trainer.learner.credit import ESTIMATORS  # noqa: E402
 from envhub.trainer.run.metrics import learner_stat  # noqa: E402
+from envhub.trainer.run.record import read_episodes  # noqa: E402
 
 TARGET_GAIN = 0.1  # "steps to reach SFT + 0.1"
 
@@ -199,19 +200,14 @@ async def checkpoint_curve(config: TrainConfig, run_dir: Path, last: int) -> tup
     return curve, left_out
 
 
-def sequence_spread(episodes: Path) -> dict[str, Any] | None:
-    """How many distinct action sequences the held-out episodes in `episodes` (an episodes.jsonl) played, and the
-    share that played the commonest one: a policy that collapsed onto one replay has a share near 1. None when the
-    file is missing or holds no episode."""
-    try:
-        lines = episodes.read_text().splitlines()
-    except OSError:
-        return None
-    sequences = Counter()
-    for line in lines:
-        record = json.loads(line)
-        if record.get("kind") == "episode":
-            sequences[tuple(e.get("text", "") for e in record.get("log", []) if e.get("kind") == "turn")] += 1
+def sequence_spread(eval_dir: Path) -> dict[str, Any] | None:
+    """How many distinct action sequences the held-out episodes recorded in `eval_dir` played, and the share that
+    played the commonest one: a policy that collapsed onto one replay has a share near 1. None when no episode is
+    recorded there. `read_episodes` reads the evaluation's record shape and skips a line torn by a crash."""
+    sequences = Counter(
+        tuple(entry["text"] for entry in episode["log"] if entry["kind"] == "turn")
+        for episode in read_episodes(eval_dir)
+    )
     if not sequences:
         return None
     return {"distinct": len(sequences), "top_share": round(sequences.most_common(1)[0][1] / sequences.total(), 4)}
@@ -244,7 +240,7 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
         "final": report["after"],
         "anchor_share": round(sum(shares) / len(shares), 4) if shares else None,
         # the final held-out episodes' action sequences: did the policy settle on one replay?
-        "final_sequences": sequence_spread(run_dir / "eval-after" / "episodes.jsonl"),
+        "final_sequences": sequence_spread(run_dir / "eval-after"),
         # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
         "eval_left_out": (start["left_out"] if start else left_out("before")) + left_out("after") + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),

@@ -132,11 +132,13 @@ def test_a_step_zero_with_episodes_left_out_is_not_kept_for_later_sittings(tmp_p
 
 
 def test_the_final_evaluation_reports_how_many_action_sequences_it_played(tmp_path):
-    def episode(*moves):
-        log = [{"kind": "reset", "observation": "a lake"}] + [{"kind": "turn", "text": m} for m in moves]
-        return json.dumps({"kind": "episode", "reward": 0.0, "log": log})
+    from envhub.eval import EpisodeLog, EpisodeRecord
 
-    path = tmp_path / "episodes.jsonl"
-    path.write_text("\n".join([episode("down", "right")] * 3 + [episode("right", "down"), episode("down")]) + "\n")
-    assert credit.sequence_spread(path) == {"distinct": 3, "top_share": 0.6}
-    assert credit.sequence_spread(tmp_path / "missing.jsonl") is None
+    log = EpisodeLog(tmp_path / "episodes.jsonl")  # what the trainer's evaluation writes to eval-after/
+    for seed, moves in enumerate([("down", "right")] * 3 + [("right", "down"), ("down",)]):
+        turns = [{"action": move, "observation": "a lake", "reward": 0.0} for move in moves]
+        log.append(EpisodeRecord("FrozenLake-v0", seed, 0, None, "policy", steps=len(moves), turns=turns))
+    with (tmp_path / "episodes.jsonl").open("a") as f:
+        f.write('{"env_id": "FrozenLake-v0", "se')  # a line torn by a crash mid-write
+    assert credit.sequence_spread(tmp_path) == {"distinct": 3, "top_share": 0.6}
+    assert credit.sequence_spread(tmp_path / "missing") is None
