@@ -25,6 +25,10 @@ LEGEND = "Legend: S start, F frozen ice (safe), H hole (you fall in and lose), G
 Cell = tuple[int, int]
 
 
+def _distance(a: Cell, b: Cell) -> int:
+    return abs(a[0] - b[0]) + abs(a[1] - b[1])
+
+
 class FrozenLakeEnv(GridToolEnv):
     """Reach the goal G from the start S on a generated lake without falling into a hole H.
 
@@ -61,6 +65,7 @@ class FrozenLakeEnv(GridToolEnv):
         slippery: bool = False,
         spaced: bool = False,
         neighbours: bool = False,
+        random_ends: bool = False,
         render_mode: str | None = None,
     ) -> None:
         if size < 2:
@@ -72,9 +77,12 @@ class FrozenLakeEnv(GridToolEnv):
         self.slippery = slippery
         self.spaced = spaced
         self.neighbours = neighbours
+        self.random_ends = random_ends
         self.render_mode = render_mode
         self.grid: list[str] = []
         self.position: Cell | None = None
+        self.start: Cell = (0, 0)
+        self.goal: Cell = (size - 1, size - 1)
         self._map_digest = ""
         self._policy: dict[Cell, str] | None = None
         self._values: dict[Cell, float] = {}
@@ -108,22 +116,28 @@ class FrozenLakeEnv(GridToolEnv):
 
     def setup(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rng = random.Random(int(self.np_random.integers(2**63)))
+        cells = [(r, c) for r in range(self.size) for c in range(self.size)]
         for _ in range(10_000):
             grid = [["F"] * self.size for _ in range(self.size)]
             for r in range(self.size):
                 for c in range(self.size):
                     if rng.random() < self.hole_fraction:
                         grid[r][c] = "H"
-            grid[0][0], grid[-1][-1] = "S", "G"
+            if self.random_ends:
+                self.start = rng.choice(cells)
+                far = [cell for cell in cells if _distance(cell, self.start) >= self.size - 1]
+                self.goal = rng.choice(far)
+            (sr, sc), (gr, gc) = self.start, self.goal
+            grid[sr][sc], grid[gr][gc] = "S", "G"
             self.grid = ["".join(row) for row in grid]
-            if self._shortest_path((0, 0)) is not None:
+            if self._shortest_path(self.start) is not None:
                 break
         else:
             raise RuntimeError(
                 f"no {self.size}x{self.size} map with a path to the goal in 10000 draws; lower "
                 f"hole_fraction={self.hole_fraction}"
             )
-        self.position, self._policy, self._moved_at = (0, 0), None, 0
+        self.position, self._policy, self._moved_at = self.start, None, 0
         self._map_digest = state_digest([self.grid, self.slippery])
         obs = f"A new {self.size}x{self.size} lake{' (slippery ice!)' if self.slippery else ''}.\n{self.render_text()}"
         return obs, self._info(invalid=False)
@@ -163,6 +177,8 @@ class FrozenLakeEnv(GridToolEnv):
         r, c = self.position
         under = {"S": "the start", "F": "ice", "H": "a hole", "G": "the goal"}
         text = "\n".join(rows) + f"\n{LEGEND}\nYou are at row {r}, column {c} (0-based), on {under[self.grid[r][c]]}."
+        if self.random_ends:
+            text += f" The goal is at row {self.goal[0]}, column {self.goal[1]}."
         if self.neighbours:
             around = []
             for direction in ("up", "down", "left", "right"):

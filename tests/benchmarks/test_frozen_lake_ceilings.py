@@ -47,3 +47,28 @@ def test_the_turn_limit_is_applied_and_bad_settings_are_refused():
     assert set(tight["success"].values()) == {0.0}
     with pytest.raises(SystemExit, match="maps >= 1"):
         ceilings.ceilings(maps=0)
+
+
+def test_random_ends_try_every_four_move_replay_and_count_them_by_hand():
+    report = ceilings.ceilings(hole_fraction=0.4, max_turns=6, maps=40, first_seed=700, random_ends=True)
+    success = report["success"]
+    assert report["settings"]["random_ends"] is True
+    assert len([k for k in success if k.startswith("replay ")]) == 4**4
+    lake = envhub.make("FrozenLake-v0", size=3, hole_fraction=0.4, random_ends=True).unwrapped
+    steps = {"u": (-1, 0), "d": (1, 0), "l": (0, -1), "r": (0, 1)}
+    won = 0
+    for seed in range(700, 740):  # "replay u l r r", walked by hand on each map (the edge keeps the player)
+        lake.reset(seed=seed)
+        (r, c), grid = lake.start, lake.grid
+        for turn in range(6):
+            dr, dc = steps["ulrr"[turn % 4]]
+            if 0 <= r + dr < 3 and 0 <= c + dc < 3:
+                r, c = r + dr, c + dc
+            if grid[r][c] in "HG":
+                won += grid[r][c] == "G"
+                break
+    assert success["replay u l r r"] == pytest.approx(won / 40)
+    assert (
+        report["best_replay"]["success"] < success["a safe move toward the goal"] <= success["solver (shortest path)"]
+    )
+    assert "down if safe, else right" not in success  # a corner-to-corner rule means nothing when the ends move

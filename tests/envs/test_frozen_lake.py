@@ -149,3 +149,26 @@ def test_anchor_stays_when_nothing_moves_and_differs_between_maps():
     assert len(set().union(*maps.values())) == len(maps)  # same square (the start), different maps: different anchors
     slippery = FrozenLakeEnv(size=4, hole_fraction=0.0, slippery=True)
     assert slippery.reset(seed=0)[1]["anchor"] != start  # the same map on ice moves differently
+
+
+def test_random_ends_draw_start_and_goal_apart_and_the_status_line_names_the_goal():
+    env = FrozenLakeEnv(size=3, hole_fraction=0.4, spaced=True, random_ends=True)
+    pairs = set()
+    for seed in range(200):
+        obs, info = env.reset(seed=seed)
+        (sr, sc), (gr, gc) = env.start, env.goal
+        assert abs(sr - gr) + abs(sc - gc) >= 2  # size - 1 moves apart at least
+        assert env.grid[sr][sc] == "S" and env.grid[gr][gc] == "G"
+        assert sum(row.count("S") for row in env.grid) == sum(row.count("G") for row in env.grid) == 1
+        assert info["position"] == (sr, sc) and f"pos={sr},{sc}" in info["anchor"]
+        assert f"You are at row {sr}, column {sc} (0-based), on the start. The goal is at row {gr}, column {gc}." in obs
+        pairs.add((env.start, env.goal))
+        plan = env.solve()
+        assert plan  # a path exists, and walking it wins
+        for move in plan:
+            obs, reward, terminated, *_ = env.step(move)
+        assert terminated and reward == 1.0
+    assert len(pairs) > 20  # the ends vary (48 ordered pairs qualify on a 3x3 lake)
+    fixed = FrozenLakeEnv(size=3, hole_fraction=0.4, spaced=True)
+    obs, _ = fixed.reset(seed=3)
+    assert fixed.start == (0, 0) and fixed.goal == (2, 2) and "The goal is at" not in obs

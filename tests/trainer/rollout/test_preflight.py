@@ -67,7 +67,7 @@ async def test_kwargs_are_checked_against_the_constructor_with_suggestions():
     with pytest.raises(ConfigError) as caught:
         await check_task(TaskConfig(env="envhub/FrozenLake-v0", kwargs={"slipery": True}))
     assert str(caught.value.args[0]) == "task FrozenLake-v0: unknown kwarg 'slipery'; did you mean 'slippery'?"
-    assert "size, hole_fraction, slippery, spaced, neighbours, render_mode" in caught.value.hint
+    assert "size, hole_fraction, slippery, spaced, neighbours, random_ends, render_mode" in caught.value.hint
     with pytest.raises(EnvNotFound, match="FrozenLake-v0"):
         await check_task(TaskConfig(env="FrozenLak-v0"))
 
