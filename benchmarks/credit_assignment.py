@@ -2,7 +2,7 @@
 for the same learner steps, on multi-turn envs where credit matters, with held-out learning curves.
 
     python benchmarks/credit_assignment.py --config configs/credit-frozenlake.yaml --seeds 0,1,2
-        [--estimators grpo,gigpo,turn] [--steps 20] [--curve-every 5] [--eval-episodes 64]
+        [--estimators grpo,gigpo,turn,placebo] [--steps 20] [--curve-every 5] [--eval-episodes 64]
         [--warm-start DIR] [--runs-dir benchmarks/results/credit_runs] [--set KEY=VALUE ...]
     python benchmarks/credit_assignment.py --merge benchmarks/results/credit_runs/*.json
         [--out benchmarks/results/credit_assignment.json]
@@ -32,6 +32,9 @@ config (one checkpoint, the same held-out seeds), so it is evaluated once and ke
 (`*-sft-heldout-*.json`); a sampled evaluation is a fresh draw, evaluated per run as before. The last step is the
 trainer's own final evaluation, not evaluated again from its checkpoint. Success is the mean held-out reward (1.0 =
 solved on these envs).
+`placebo` in --estimators is a control, not an estimator: grpo with each group's advantages permuted among its samples
+(seeded by the run's seed), so its updates have grpo's sizes and no credit. Its curve is what the learner's noise does
+at the config's lr and batch; the merge reports `placebo_minus_grpo` beside the estimators (without a goal).
 Each run file also counts the distinct action sequences its final held-out episodes played, and the share of the
 commonest one (`final_sequences`): a policy settled on one replay has a share near 1.
 
@@ -83,6 +86,19 @@ training batches and at 0.000 held-out at steps 4 and 8 (1,352 s). Greedy, lr 1e
 one move sequence (not checked: the runs' episodes were not kept). So RL from these starts did not raise held-out
 success within 8 steps, at either lr, batch shape or evaluation temperature; the decisive set still waits for a
 pilot where it does.
+Pilot 4 (2026-12-03, Sokoban 5x5 of configs/credit-sokoban.yaml, seed 100, grpo, lr 1e-5; /tmp, not kept): the SFT
+checkpoint (96 x 2, the same weights as the first pilot's) solved 0.578 of 64 greedy held-out levels. Checks of the
+pipeline and of the noise, from that checkpoint:
+- lr 1e-12, 2 steps: 0.578 at steps 1 and 2, the checkpoint's own figure through both evaluation paths (the
+  benchmark's of a saved checkpoint, the trainer's final one). The falls are the updates', not the measurement's.
+- grpo, the same seed twice: 0.578 -> 0.422 (step 4) -> 0.422 (step 8, 1,225 s; 9 distinct move sequences in 64, the
+  commonest 0.22), and 0.578 -> 0.578 at step 4. Two runs of one seed differ by 0.16 at step 4: training noise alone
+  gives an SD near 0.11 a run, so the 0.13 of the power calculation is not pessimistic.
+- placebo, 4 steps: grpo with each group's advantages permuted among its episodes (the same sizes, no relation to
+  what the episodes did): 0.578 -> 0.312. Updates of pure noise at this lr and batch (16 episodes a step) cost more
+  held-out success than either grpo run lost. Adam moves every trained weight by about lr a step whatever the
+  gradient's size, so a noisy gradient is applied in full; grpo's signal offsets part of it. This fits every fall
+  seen so far better than the replay reading does (Sokoban has no replay to find); it is one run of each, not tested.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
@@ -92,12 +108,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +132,10 @@ from envhub.trainer.run.metrics import learner_stat  # noqa: E402
 from envhub.trainer.run.record import read_episodes  # noqa: E402
 
 TARGET_GAIN = 0.1  # "steps to reach SFT + 0.1"
+# `placebo`: grpo whose group advantages are permuted among the group's samples, a control of what updates of the same
+# size do when they carry no credit at all (the learner's noise at this lr and batch)
+PLACEBO = "placebo"
+RUN_ESTIMATORS = (*ESTIMATORS, PLACEBO)
 
 
 def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, steps: int, curve_every: int,
@@ -124,7 +146,7 @@ def run_config(path: str, overrides: list[str], *, estimator: str, seed: int, st
         apply_override(data, assignment)
     data["seed"] = seed
     algorithm = data.setdefault("algorithm", {})
-    algorithm["advantage"] = estimator
+    algorithm["advantage"] = "grpo" if estimator == PLACEBO else estimator
     algorithm["filter_zero_variance"] = False
     data.setdefault("budget", {}).update(
         steps=steps, checkpoint_every=curve_every, checkpoint_keep=0, max_time_s=0.0, max_run_s=0.0
@@ -213,13 +235,44 @@ def sequence_spread(eval_dir: Path) -> dict[str, Any] | None:
     return {"distinct": len(sequences), "top_share": round(sequences.most_common(1)[0][1] / sequences.total(), 4)}
 
 
-def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None = None) -> dict[str, Any]:
+@contextlib.contextmanager
+def placebo_advantages(seed: int) -> Iterator[list[int]]:
+    """While open, the in-process learner's grpo advantages come permuted within each group (a torch generator seeded
+    by `seed`): the same values, given to samples they say nothing about. Yields a one-item list counting the groups
+    permuted; a placebo run that counted none did not run the placebo (a learner outside this process), and
+    `train_one` refuses its result."""
+    import torch
+
+    from envhub.trainer.learner import step
+
+    original, generator, groups = step.sample_advantages, torch.Generator().manual_seed(seed), [0]
+
+    def permuted(group: Any, **kwargs: Any) -> Any:
+        advantages = original(group, **kwargs)
+        groups[0] += 1
+        return advantages[torch.randperm(len(advantages), generator=generator)]
+
+    step.sample_advantages = permuted
+    try:
+        yield groups
+    finally:
+        step.sample_advantages = original
+
+
+def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None = None,
+              placebo: bool = False) -> dict[str, Any]:  # fmt: skip
     """One run: train, then evaluate its checkpoints; the record a runs file holds. `start`: step 0 evaluated once
     for every run (`shared_start`), else the run's own evaluation before training."""
     from envhub.trainer.train import Trainer
 
     started = time.monotonic()
-    result = asyncio.run(Trainer(config, out_dir=run_dir).run(overwrite=True))  # a scratch dir of this benchmark
+    with placebo_advantages(config.seed) if placebo else contextlib.nullcontext([0]) as permuted:
+        result = asyncio.run(Trainer(config, out_dir=run_dir).run(overwrite=True))  # a scratch dir of this benchmark
+    if placebo and not permuted[0]:
+        raise ConfigError(
+            "placebo run: no group's advantages were permuted (the learner ran outside this process, or computed no "
+            "grpo advantages); run the placebo with the in-process learner and algorithm.advantage grpo"
+        )
     evaluated = json.loads((run_dir / "eval.json").read_text())
     report = evaluated["overall"]
 
@@ -233,7 +286,7 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
     shares = [s for s in shares if s is not None]
     return {
         "env": "+".join(task.env for task in config.tasks),
-        "estimator": config.algorithm.advantage,
+        "estimator": PLACEBO if placebo else config.algorithm.advantage,
         "seed": config.seed,
         "steps": result.last_step,
         "curve": {str(k): round(v, 4) for k, v in sorted(curve.items())},
@@ -244,13 +297,13 @@ def train_one(config: TrainConfig, run_dir: Path, start: dict[str, Any] | None =
         # held-out episodes left out of the means by error (a timeout on a slow machine): 0 in a sound run
         "eval_left_out": (start["left_out"] if start else left_out("before")) + left_out("after") + curve_left_out,
         "wall_s": round(time.monotonic() - started, 1),
-    }
+    } | ({"placebo_groups": permuted[0]} if placebo else {})
 
 
 def summarise_env(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One env's runs: mean curves, steps to SFT + 0.1, anchor shares, and each estimator minus grpo by seed."""
     by = {(r["estimator"], r["seed"]): r for r in runs}
-    estimators = sorted({r["estimator"] for r in runs}, key=ESTIMATORS.index)
+    estimators = sorted({r["estimator"] for r in runs}, key=RUN_ESTIMATORS.index)
     out: dict[str, Any] = {"estimators": {}}
     for name in estimators:
         mine = [r for r in runs if r["estimator"] == name]
@@ -273,8 +326,9 @@ def summarise_env(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if seeds:
                 diff, se = mean_se([by[name, s]["final"] - by["grpo", s]["final"] for s in seeds])
                 beats = diff >= 0.05 and diff - 2 * se > 0
-                out[f"{name}_minus_grpo"] = {"mean": round(diff, 4), "se": round(se, 4), "seeds": seeds,
-                                             "goal_met": beats}  # fmt: skip
+                out[f"{name}_minus_grpo"] = {"mean": round(diff, 4), "se": round(se, 4), "seeds": seeds}
+                if name != PLACEBO:  # the placebo is a control, not a candidate
+                    out[f"{name}_minus_grpo"]["goal_met"] = beats
     return out
 
 
@@ -326,9 +380,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results/credit_assignment.json")
     args = parser.parse_args(argv)
     estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
-    unknown = [e for e in estimators if e not in ESTIMATORS]
+    unknown = [e for e in estimators if e not in RUN_ESTIMATORS]
     if unknown:
-        parser.error(f"--estimators: unknown {unknown}; choose from {', '.join(ESTIMATORS)}")
+        parser.error(f"--estimators: unknown {unknown}; choose from {', '.join(RUN_ESTIMATORS)}")
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -363,7 +417,7 @@ def main(argv: list[str] | None = None) -> None:
                                 curve_every=args.curve_every, eval_episodes=args.eval_episodes,
                                 model=str(warm) if record else None, before=start is None)  # fmt: skip
             work = runs_dir / "work" / path.stem
-            result = train_one(config, work, start)
+            result = train_one(config, work, start, placebo=estimator == PLACEBO)
             result |= {"config": args.config, "overrides": args.overrides, "warm_start_sha256":
                        record.get("weights_sha256"), "machine": machine()}  # fmt: skip
             path.write_text(json.dumps(result, indent=2))

@@ -85,21 +85,23 @@ def test_every_run_shares_one_evaluation_of_the_checkpoint_and_the_trainers_fina
 
     monkeypatch.setattr(evaluation, "evaluate_policy", counting)
     runs = tmp_path / "runs"
-    argv = ["--config", str(ROOT / "configs" / "corridor-tiny.yaml"), "--estimators", "grpo,gigpo", "--seeds", "3",
-            "--steps", "2", "--curve-every", "1", "--eval-episodes", "2", "--runs-dir", str(runs),
+    argv = ["--config", str(ROOT / "configs" / "corridor-tiny.yaml"), "--estimators", "grpo,gigpo,placebo",
+            "--seeds", "3", "--steps", "2", "--curve-every", "1", "--eval-episodes", "2", "--runs-dir", str(runs),
             "--out", str(tmp_path / "out.json"), "--set", "evaluation.temperature=0", "--set", "sft.collect=4",
             "--set", "sft.epochs=1", "--set", "algorithm.groups_per_step=1",
             "--set", "rollout.group_size=4"]  # fmt: skip
     credit.main(argv)
-    assert len(calls) == 1 + 2 * 2  # step 0 once; per run the trainer's final evaluation and step 1's checkpoint
-    records = [json.loads((runs / f"corridor-tiny-{e}-seed3.json").read_text()) for e in ("grpo", "gigpo")]
+    assert len(calls) == 1 + 3 * 2  # step 0 once; per run the trainer's final evaluation and step 1's checkpoint
+    records = [json.loads((runs / f"corridor-tiny-{e}-seed3.json").read_text()) for e in ("grpo", "gigpo", "placebo")]
+    assert records[2]["estimator"] == "placebo" and records[2]["placebo_groups"] >= 2  # 2 steps of 1 group
+    assert "placebo_groups" not in records[0]
     (shared,) = runs.glob("corridor-tiny-sft-heldout-*.json")
     start = json.loads(shared.read_text())
     for record in records:
         assert sorted(record["curve"], key=int) == ["0", "1", "2"] and record["eval_left_out"] == 0
         assert record["curve"]["0"] == start["success"] and record["curve"]["2"] == round(record["final"], 4)
     credit.main(argv)  # a later sitting: every run file exists, step 0 is on file
-    assert len(calls) == 5
+    assert len(calls) == 7
 
 
 def test_a_sampled_evaluation_gives_each_run_its_own_step_zero(tmp_path):
@@ -142,3 +144,49 @@ def test_the_final_evaluation_reports_how_many_action_sequences_it_played(tmp_pa
         f.write('{"env_id": "FrozenLake-v0", "se')  # a line torn by a crash mid-write
     assert credit.sequence_spread(tmp_path) == {"distinct": 3, "top_share": 0.6}
     assert credit.sequence_spread(tmp_path / "missing") is None
+
+
+def test_the_placebo_permutes_each_groups_advantages_and_puts_the_learner_back():
+    from envhub.trainer.learner import step
+    from envhub.trainer.trajectory import Trajectory
+
+    def episode(reward):
+        return Trajectory([1, 2, 3], [0, 1, 1], [0.0] * 3, [0] * 3, reward, "t", "g", 0, 1, "terminated")
+
+    group = [episode(r) for r in (1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)]
+    original = step.sample_advantages
+    truth = original(group, scale_std=True, tol=1e-6)
+    with credit.placebo_advantages(seed=5) as permuted:
+        draws = [step.sample_advantages(group, scale_std=True, tol=1e-6) for _ in range(4)]
+    assert step.sample_advantages is original and permuted == [4]
+    for draw in draws:
+        assert sorted(draw.tolist()) == pytest.approx(sorted(truth.tolist()))  # the same values, other samples
+    assert {int(draw.argmax()) for draw in draws} != {0}  # the success's advantage went to episodes that failed
+
+
+def test_a_placebo_that_never_reached_the_learner_is_refused(tmp_path, monkeypatch):
+    from envhub.trainer import train
+
+    class Ran:
+        last_step, history = 1, []
+
+    class NoLearner:  # a trainer whose learner lives elsewhere: no advantage is computed in this process
+        def __init__(self, config, out_dir):
+            pass
+
+        async def run(self, overwrite):
+            return Ran()
+
+    monkeypatch.setattr(train, "Trainer", NoLearner)
+    config = credit.run_config(str(ROOT / "configs" / "corridor-tiny.yaml"), [], estimator="placebo", seed=0,
+                               steps=1, curve_every=1, eval_episodes=2, model="/ckpt")  # fmt: skip
+    assert config.algorithm.advantage == "grpo"
+    with pytest.raises(ConfigError, match="no group's advantages were permuted"):
+        credit.train_one(config, tmp_path / "run", placebo=True)
+
+
+def test_the_merge_reports_the_placebo_beside_grpo_without_a_goal():
+    summary = credit.summarise_env([run("grpo", 0, 0.5, {0: 0.6, 4: 0.5}), run("placebo", 0, 0.3, {0: 0.6, 4: 0.3})])
+    assert summary["placebo_minus_grpo"] == {"mean": pytest.approx(-0.2), "se": 0.0, "seeds": [0]}
+    assert list(summary["estimators"]) == ["grpo", "placebo"]
+    assert credit.parse_args(["--estimators", "grpo,placebo"]).estimators == ["grpo", "placebo"]
