@@ -99,6 +99,14 @@ pipeline and of the noise, from that checkpoint:
   held-out success than either grpo run lost. Adam moves every trained weight by about lr a step whatever the
   gradient's size, so a noisy gradient is applied in full; grpo's signal offsets part of it. This fits every fall
   seen so far better than the replay reading does (Sokoban has no replay to find); it is one run of each, not tested.
+- grpo at lr 3e-6, 8 steps: 0.578 at steps 4 and 8 (2,084 s, beside a CI suite): the greedy policy did not move,
+  as the demo saw at 2e-6. Between "no change" and "noise" there was no lr at which Sokoban's held-out success rose.
+Pilot 5 (2026-12-03, seed 100, grpo, lr 1e-5): the 3x3 lake with 40% holes, the neighbour line and `random_ends`
+(start and goal drawn for each map: the best of 256 replays solves 0.227, a safe move toward the goal 0.949), SFT on
+96 solver episodes x 2 epochs (loss 0.298 -> 0.052, 342 s): the checkpoint solved 0.047 of 64 greedy held-out lakes,
+below any replay. grpo raised it to 0.141 at step 4 and 0.250 at step 8 (751 s; anchor share 0.99; 19 distinct move
+sequences in the final 64 episodes, the commonest 0.36): the first pilot in which RL raised held-out success, and the
+setting configs/credit-frozenlake.yaml now holds. Whether 0.25 is reading or the start of a replay (0.227) is open.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
