@@ -107,6 +107,8 @@ Pilot 5 (2026-12-03, seed 100, grpo, lr 1e-5): the 3x3 lake with 40% holes, the 
 below any replay. grpo raised it to 0.141 at step 4 and 0.250 at step 8 (751 s; anchor share 0.99; 19 distinct move
 sequences in the final 64 episodes, the commonest 0.36): the first pilot in which RL raised held-out success, and the
 setting configs/credit-frozenlake.yaml now holds. Whether 0.25 is reading or the start of a replay (0.227) is open.
+gigpo from the same checkpoint and seed: 0.047 at step 4, 0.141 at step 8 (1,003 s beside a CI suite; 14 distinct
+sequences, the commonest 0.16). gigpo - grpo = -0.11 on one seed, inside one run's noise (SD ~0.11): nothing decided.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
