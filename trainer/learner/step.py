@@ -203,6 +203,24 @@ class Learner:
             **{name: float(sums[5 + i]) for i, name in enumerate(pg_stat_names(self.config))},
         }
 
+    def gradient(self, groups: list[list[Trajectory]], version: int = 0) -> torch.Tensor:
+        """The gradient a step on `groups` would apply, before clipping, flattened over the trained parameters (fp32);
+        nothing is applied and the optimizer is untouched. For measuring the gradient's noise
+        (benchmarks/gradient_noise.py); one learner process only."""
+        if self.dist is not None:
+            raise ConfigError(
+                "Learner.gradient reads this process's gradients, and the learner runs on several processes",
+                hint="measure gradients with one learner process (learner.devices: 1)",
+            )
+        batches, _ = self._micro_batches(groups, version)
+        total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
+        self._backward(batches, total_tokens)
+        trained = [p for p in self.scorer.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scorer.eval()
+        return flat
+
     def _shared_tokens(self, mb: MicroBatch) -> int:
         """Tokens of `mb` that a shared prefix spared the forward pass (`learner.share_prefix`)."""
         if not self.scorer_shares:

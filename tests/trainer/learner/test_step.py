@@ -217,3 +217,23 @@ def test_train_layers_beyond_the_model_or_without_decoder_layers_is_refused(tiny
     with pytest.raises(ConfigError, match="Linear has no stack of decoder layers"):
         freeze_below_top_layers(torch.nn.Linear(2, 2), 1)
     assert freeze_below_top_layers(tiny_model, 0) == [] and all(p.requires_grad for p in tiny_model.parameters())
+
+
+def test_gradient_is_the_step_gradient_and_applies_nothing(tiny_model):
+    groups = make_groups(tiny_model, n_groups=2)
+    measuring = Learner(copy.deepcopy(tiny_model), algo(grad_clip=1e9), 1.0, 0)
+    before = params(measuring.model)
+    flat = measuring.gradient(groups)
+    assert all(torch.equal(before[n], p) for n, p in measuring.model.named_parameters())
+    assert not measuring.optimizer.state and measuring.steps == 0
+    assert all(p.grad is None for p in measuring.model.parameters())
+    trained = sum(p.numel() for p in measuring.model.parameters() if p.requires_grad)
+    assert flat.shape == (trained,) and flat.dtype == torch.float32
+    stepping = Learner(copy.deepcopy(tiny_model), algo(grad_clip=1e9), 1.0, 0)
+    assert float(flat.norm()) == pytest.approx(stepping.step(groups)["grad_norm"], rel=1e-4)
+    # the step's loss is a token mean over the whole step: its gradient is the token-weighted mean of each group's
+    tokens = [sum(sum(t.loss_mask) for t in g) for g in groups]
+    parts = [measuring.gradient([g]) for g in groups]
+    weighted = (tokens[0] * parts[0] + tokens[1] * parts[1]) / sum(tokens)
+    assert torch.allclose(flat, weighted, atol=1e-6 * float(flat.abs().max()) + 1e-9)
+    assert float(parts[0].norm()) > 0 and not torch.allclose(parts[0], parts[1])
