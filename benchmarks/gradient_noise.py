@@ -17,6 +17,9 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   as sqrt(s), so a run of s steps of b groups has about the signal-to-noise of one step of s * b groups;
 - `split_cosine`: the cosine between the mean gradients of two disjoint halves of the groups, averaged over random
   halvings, the same quantity measured directly (expected b / (b + B) for halves of b groups);
+- `split_sign_agreement`: the share of trained weights whose gradient sign agrees between two such halves (0.5: none
+  beyond chance). Adam moves each weight by about lr in its gradient's sign at first, whatever the size: this is the
+  split cosine as Adam sees it;
 - `step_signal_share`: b / (b + B), the share of a step's expected squared gradient that is signal, at the config's
   groups per step; `run_signal_share` at groups per step x --steps (a run's worth of groups).
 `placebo` (grpo with each group's advantages permuted among its samples, as in credit_assignment.py) is the negative
@@ -90,6 +93,23 @@ def split_cosine(gram: torch.Tensor, splits: int = SPLITS, seed: int = 0) -> flo
         ab, aa, bb = gram[a][:, b].sum(), gram[a][:, a].sum(), gram[b][:, b].sum()
         cosines.append(float(ab / math.sqrt(max(float(aa * bb), 1e-300))))
     return sum(cosines) / len(cosines)
+
+
+def split_sign_agreement(grads: list[torch.Tensor], splits: int = 8, seed: int = 0) -> float:
+    """The share of coordinates whose sign agrees between the mean gradients of two disjoint random halves, averaged
+    over random halvings: 0.5 is no agreement. Adam's first steps move each weight by about lr in the direction of its
+    gradient's sign, so this is the split cosine as Adam sees it."""
+    k, rng, shares = len(grads), random.Random(seed), []
+    for _ in range(splits):
+        order = rng.sample(range(k), k)
+        a, b = torch.zeros_like(grads[0]), torch.zeros_like(grads[0])
+        for i in order[: k // 2]:
+            a += grads[i]
+        for i in order[k // 2 : 2 * (k // 2)]:
+            b += grads[i]
+        nonzero = (a != 0) & (b != 0)
+        shares.append(float(((a > 0) == (b > 0))[nonzero].float().mean()) if nonzero.any() else 0.5)
+    return sum(shares) / len(shares)
 
 
 def signal_share(groups: float, scale: float | None) -> float:
@@ -171,6 +191,7 @@ def measure(config: TrainConfig, model: Any, tokenizer: Any, groups: list[list[T
     figures |= {
         "split_cosine": split_cosine(gram, seed=seed),
         "split_cosine_expected": signal_share(len(groups) // 2, scale),
+        "split_sign_agreement": split_sign_agreement(grads, seed=seed),
         "step_signal_share": signal_share(per_step, scale),
         "mean_grad_norm": float(mean.norm()),
         "group_grad_norm": float(torch.diagonal(gram).sqrt().mean()),

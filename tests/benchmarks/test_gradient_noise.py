@@ -92,3 +92,11 @@ def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
     )
     assert set(report["cosines"]) == {"grpo:gigpo", "grpo:placebo", "gigpo:placebo"}
     assert grpo["trained_parameters"] > 0 and -1 <= grpo["split_cosine"] <= 1
+
+
+def test_sign_agreement_is_a_half_without_signal_and_near_one_with_much():
+    gen = torch.Generator().manual_seed(3)
+    noise_only = list(torch.randn(16, 20000, generator=gen))
+    assert noise.split_sign_agreement(noise_only) == pytest.approx(0.5, abs=0.01)
+    strong = [torch.ones(20000) + 0.1 * g for g in noise_only]
+    assert noise.split_sign_agreement(strong) == 1.0
