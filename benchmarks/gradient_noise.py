@@ -49,7 +49,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from credit_assignment import PLACEBO, RUN_ESTIMATORS, placebo_advantages  # noqa: E402
-from learning_parity import apply_override, machine  # noqa: E402
+from learning_parity import WARM_START_RECORD, apply_override, machine  # noqa: E402
 
 from envhub.errors import ConfigError  # noqa: E402
 from envhub.trainer.config import TrainConfig, config_from_dict  # noqa: E402
@@ -116,6 +116,12 @@ def signal_share(groups: float, scale: float | None) -> float:
     """b / (b + B): the share of a `groups`-group gradient's expected squared norm that is signal, which is also the
     expected cosine between two independent gradients of that many groups each (0 when no signal was measured)."""
     return 0.0 if scale is None else groups / (groups + scale)
+
+
+def warm_start_sha256(warm: Path) -> str | None:
+    """The weights' SHA-256 in the record of a checkpoint credit_assignment.py made (None for another checkpoint)."""
+    record = warm / WARM_START_RECORD
+    return json.loads(record.read_text()).get("weights_sha256") if record.exists() else None
 
 
 def bench_config(path: str, overrides: list[str], warm: Path, seed: int) -> TrainConfig:
@@ -235,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         "config": args.config,
         "overrides": args.overrides,
         "warm_start": str(warm),
+        "warm_start_sha256": warm_start_sha256(warm),
         "seed": args.seed,
         "groups": len(groups),
         "dropped_groups": dropped,

@@ -92,6 +92,7 @@ def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
     )
     assert set(report["cosines"]) == {"grpo:gigpo", "grpo:placebo", "gigpo:placebo"}
     assert grpo["trained_parameters"] > 0 and -1 <= grpo["split_cosine"] <= 1
+    assert len(report["warm_start_sha256"]) == 64  # which weights were measured, after the checkpoint is gone
 
 
 def test_sign_agreement_is_a_half_without_signal_and_near_one_with_much():
