@@ -16,7 +16,9 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   noise tr(Sigma) / b: signal is the larger part from b > B on. Over s steps at a small lr, signal adds as s and noise
   as sqrt(s), so a run of s steps of b groups has about the signal-to-noise of one step of s * b groups;
 - `split_cosine`: the cosine between the mean gradients of two disjoint halves of the groups, averaged over random
-  halvings, the same quantity measured directly (expected b / (b + B) for halves of b groups);
+  halvings, the same quantity measured directly (expected b / (b + B) for halves of b groups). B counts every part
+  of a group's deviation, its size along G too: where groups differ mostly in size (the corridor's grpo gradients),
+  the split cosine comes out above b / (b + B), and it is the direct measure of the direction's agreement;
 - `split_sign_agreement`: the share of trained weights whose gradient sign agrees between two such halves (0.5: none
   beyond chance). Adam moves each weight by about lr in its gradient's sign at first, whatever the size: this is the
   split cosine as Adam sees it;
@@ -24,7 +26,10 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   groups per step; `run_signal_share` at groups per step x --steps (a run's worth of groups).
 `placebo` (grpo with each group's advantages permuted among its samples, as in credit_assignment.py) is the negative
 control: its expected gradient is exactly 0 (a permuted advantage has mean 0 for every sample), so its `signal_sq`
-must be 0 within its SE, or the measurement is wrong. `cosines` gives the cosine between estimators' mean gradients.
+must be 0 within its SE, or the measurement is wrong. Its typical draw is not neutral, though: in a group of 7
+successes and 1 failure the failure's large negative advantage lands on a success 7 times in 8, and the failure is
+reinforced; the rare draw that keeps it makes up the mean. On the same groups its mean gradient can point against
+grpo's (corridor: cosine -0.95). `cosines` gives the cosine between estimators' mean gradients.
 Groups whose episodes were left out by error are dropped and counted; every group, tied rewards included, is a group
 a step would have taken when `algorithm.filter_zero_variance` is false (as in credit_assignment.py); `tied_groups`
 counts them (grpo's gradient on a tied group is 0).

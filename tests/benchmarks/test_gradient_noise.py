@@ -67,7 +67,7 @@ def test_bad_arguments_are_refused_before_any_work(argv, message, tmp_path, caps
 @pytest.mark.slow
 def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
     """The tiny model after a short SFT on the corridor: grpo's and the placebo's gradient of a tied group is 0 and
-    of any other group is not; gigpo's (its turns differ) need not be 0."""
+    of any other group is not (gigpo is left out for CI's time: its path is grpo's with other advantages)."""
     from credit_assignment import run_config
     from learning_parity import warm_start_checkpoint
 
@@ -77,10 +77,11 @@ def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
                       model=None)  # fmt: skip
     warm_start_checkpoint(base, tmp_path / "sft")
     out = tmp_path / "noise.json"
-    argv = ["--config", str(config), "--warm-start", str(tmp_path / "sft"), "--groups", "6", "--out", str(out)]
+    argv = ["--config", str(config), "--warm-start", str(tmp_path / "sft"), "--groups", "5", "--out", str(out)]
+    argv += ["--estimators", "grpo,placebo"]
     noise.main(argv + [x for s in sets[2:] for x in ("--set", s)])
     report = json.loads(out.read_text())
-    assert report["groups"] + report["dropped_groups"] == 6 and report["groups"] >= 4
+    assert report["groups"] + report["dropped_groups"] == 5 and report["groups"] >= 4
     tied = [len(set(rewards)) == 1 for rewards in report["group_rewards"]]
     assert report["tied_groups"] == sum(tied) and not all(tied)
     for name in ("grpo", "placebo"):
@@ -90,7 +91,7 @@ def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
     assert grpo["signal_sq"] + grpo["noise_sq"] == pytest.approx(
         sum(n * n for n in grpo["group_norms"]) / report["groups"], rel=1e-6
     )
-    assert set(report["cosines"]) == {"grpo:gigpo", "grpo:placebo", "gigpo:placebo"}
+    assert set(report["cosines"]) == {"grpo:placebo"} and set(report["estimators"]) == {"grpo", "placebo"}
     assert grpo["trained_parameters"] > 0 and -1 <= grpo["split_cosine"] <= 1
     assert len(report["warm_start_sha256"]) == 64  # which weights were measured, after the checkpoint is gone
 
