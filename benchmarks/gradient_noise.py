@@ -21,7 +21,8 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   the split cosine comes out above b / (b + B), and it is the direct measure of the direction's agreement;
 - `split_sign_agreement`: the share of trained weights whose gradient sign agrees between two such halves (0.5: none
   beyond chance). Adam moves each weight by about lr in its gradient's sign at first, whatever the size: this is the
-  split cosine as Adam sees it;
+  split cosine as Adam sees it. Both are ratios over few groups and describe a typical draw: the placebo's came out
+  at 0.06 and 0.55 on Sokoban with no signal to find. Read `signal_sq` and its SE first;
 - `step_signal_share`: b / (b + B), the share of a step's expected squared gradient that is signal, at the config's
   groups per step; `run_signal_share` at groups per step x --steps (a run's worth of groups).
 `placebo` (grpo with each group's advantages permuted among its samples, as in credit_assignment.py) is the negative
