@@ -140,8 +140,8 @@ groups for every estimator; |G|^2 is the expected gradient's squared norm (unbia
 group's variance, B = tr Sigma / |G|^2 the noise scale in groups (a step of b groups is b / (b + B) signal):
 | checkpoint | estimator | |G|^2 (SE) | tr Sigma | 2-SE bound on B |
 |---|---|---|---|---|
-| lake, 4-epoch SFT (0.312), 32 groups | grpo | -0.0009 (0.0007) | 0.063 | B > 115 |
-| | gigpo | -0.0040 (0.0037) | 0.237 | B > 72 |
+| lake, 4-epoch SFT (0.312), 32 groups | grpo | -0.0009 (0.0007) | 0.063 | B > 114 |
+| | gigpo | -0.0040 (0.0037) | 0.237 | B > 71 |
 | | placebo | -0.0005 (0.0006) | 0.025 | (0 expected) |
 | Sokoban 5x5, SFT 96x2 (0.578), 24 groups | grpo | 0.0006 (0.0009) | 0.0175 | B > 7 (estimate 29) |
 | | gigpo | 0.0018 (0.0036) | 0.066 | B > 7 (estimate 36) |
@@ -152,14 +152,14 @@ group's variance, B = tr Sigma / |G|^2 the noise scale in groups (a step of b gr
 On the corridor, where gigpo beat grpo by 0.2 in 8 steps of 4 groups, both estimators' halves of 16 groups point
 the same way (split cosine 0.98 and 0.997) and the placebo's signal is 0 within its SE: the measurement finds signal
 where learning happened. From the lake checkpoint no estimator's expected gradient is measurable in 32 groups (256
-episodes): a pilot's 8 steps of 2 groups are under 13% signal (16 / (16 + 115)), and the same holds for gigpo, so
+episodes): a pilot's 8 steps of 2 groups are under 13% signal (16 / (16 + 114)), and the same holds for gigpo, so
 pilot 6's differences were noise by construction. On Sokoban a pilot run is 35% signal at grpo's estimate (B 29),
 which is itself within 1 SE of no signal. (The halves' sign agreement was 0.55-0.56 for grpo, gigpo and the placebo
 alike: the ratios describe a typical draw, and only |G|^2 with its SE tells signal from none.)
 The lake's signal is small because its maps differ: what raises success on one map (a move) is noise on the others,
 and what carries over (reading the neighbour line) is a small part of each group's gradient. A decisive set where
 grpo's runs are mostly signal needs several B groups a run: on Sokoban ~8 groups a step for 8 steps (64 episodes a
-step, ~7 min a step here, ~1 h a run, ~55 CPU-hours for 27 seeds x 2 estimators); on the lake above 115 groups a
+step, ~7 min a step here, ~1 h a run, ~55 CPU-hours for 27 seeds x 2 estimators); on the lake above 114 groups a
 run. Neither fits this CPU's sittings; a GPU's do (the H200 check, benchmarks/results/gpu_check_h200.json: a
 learner step on 64 episodes of SmolLM2's shape in 1.1 s, 64 replies of 256 tokens generated in 2.4 s).
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0

@@ -15,6 +15,8 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   Empirical Model of Large-Batch Training", B_simple). A step on b groups has an expected squared signal |G|^2 and
   noise tr(Sigma) / b: signal is the larger part from b > B on. Over s steps at a small lr, signal adds as s and noise
   as sqrt(s), so a run of s steps of b groups has about the signal-to-noise of one step of s * b groups;
+- `noise_scale_bound`: the smallest B within 2 SE, tr(Sigma) / (|G|^2 + 2 SE): where no signal shows, how much
+  noise a step of b groups at least carries;
 - `split_cosine`: the cosine between the mean gradients of two disjoint halves of the groups, averaged over random
   halvings, the same quantity measured directly (expected b / (b + B) for halves of b groups). B counts every part
   of a group's deviation, its size along G too: where groups differ mostly in size (the corridor's grpo gradients),
@@ -87,7 +89,15 @@ def noise_figures(gram: torch.Tensor) -> dict[str, float | None]:
         "signal_sq_se": se,
         "noise_sq": noise_sq,
         "noise_scale_groups": noise_sq / signal_sq if signal_sq > 0 else None,  # None: no signal measured
+        "noise_scale_bound": noise_scale_bound(signal_sq, se, noise_sq),
     }
+
+
+def noise_scale_bound(signal_sq: float, se: float, noise_sq: float) -> float | None:
+    """The smallest noise scale the measurement allows at 2 SE: tr(Sigma) / (|G|^2 + 2 SE); None when even that
+    signal is not positive."""
+    top = signal_sq + 2 * se
+    return noise_sq / top if top > 0 else None
 
 
 def split_cosine(gram: torch.Tensor, splits: int = SPLITS, seed: int = 0) -> float:

@@ -32,6 +32,7 @@ def test_signal_noise_and_scale_match_vectors_of_known_make():
     assert abs(figures["signal_sq"] - 1.0) < 3 * figures["signal_sq_se"] and figures["signal_sq_se"] < 0.1
     assert figures["noise_sq"] == pytest.approx(1.6, rel=0.1)
     assert figures["noise_scale_groups"] == pytest.approx(1.6, rel=0.15)
+    assert figures["noise_scale_bound"] < figures["noise_scale_groups"]  # a bound below the estimate
     # halves of 20 groups: expected cosine 20 / (20 + 1.6)
     assert noise.split_cosine(gram) == pytest.approx(noise.signal_share(20, 1.6), abs=0.02)
     noisy = noise.noise_figures(gram_of(1.0, 0.2, k=40, d=4000))  # tr Sigma = 160: most of a step is noise
@@ -46,6 +47,9 @@ def test_zero_mean_gradients_measure_no_signal_within_their_se():
         figures = noise.noise_figures(gram)
         assert abs(figures["signal_sq"]) < 3 * figures["signal_sq_se"]
         assert abs(noise.split_cosine(gram)) < 0.1
+        bound = figures["noise_scale_bound"]  # tr Sigma = 10: what 32 groups can rule out is a finite B, not all
+        assert bound == pytest.approx(figures["noise_sq"] / (figures["signal_sq"] + 2 * figures["signal_sq_se"]))
+        assert 10 < bound < float("inf")
     assert noise.signal_share(16, None) == 0.0  # no signal measured: no share of a step is signal
 
 
