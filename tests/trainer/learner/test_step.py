@@ -237,3 +237,11 @@ def test_gradient_is_the_step_gradient_and_applies_nothing(tiny_model):
     weighted = (tokens[0] * parts[0] + tokens[1] * parts[1]) / sum(tokens)
     assert torch.allclose(flat, weighted, atol=1e-6 * float(flat.abs().max()) + 1e-9)
     assert float(parts[0].norm()) > 0 and not torch.allclose(parts[0], parts[1])
+
+
+def test_gradient_is_refused_when_the_learner_runs_on_several_processes(tiny_model):
+    learner = Learner(tiny_model, algo(), 1.0, 0)
+    learner.dist = object()  # any process group: this process's gradients would be its shard's
+    with pytest.raises(ConfigError, match="several processes") as err:
+        learner.gradient(make_groups(tiny_model))
+    assert "learner.devices: 1" in err.value.hint
