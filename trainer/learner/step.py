@@ -177,8 +177,7 @@ class Learner:
         started = time.monotonic()
         batches, stale_tokens = self._micro_batches(groups, version)
         share, turns = anchor_share(groups)
-        total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
-        sums = self._backward(batches, total_tokens)
+        sums, total_tokens = self._backward(batches)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.scorer.parameters(), self.config.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         self._check_first_kl(float(sums[2]))
@@ -213,8 +212,7 @@ class Learner:
                 hint="measure gradients with one learner process (learner.devices: 1)",
             )
         batches, _ = self._micro_batches(groups, version)
-        total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
-        self._backward(batches, total_tokens)
+        self._backward(batches)
         trained = [p for p in self.scorer.parameters() if p.requires_grad]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained])
         self.optimizer.zero_grad(set_to_none=True)
@@ -254,8 +252,10 @@ class Learner:
             mb.stale = stale
         return batches, stale_tokens
 
-    def _backward(self, batches: list[MicroBatch], total_tokens: float) -> torch.Tensor:
-        """Gradients of this process's micro-batches; returns the token-weighted sums of the step's diagnostics."""
+    def _backward(self, batches: list[MicroBatch]) -> tuple[torch.Tensor, float]:
+        """Gradients of this process's micro-batches, each token weighed by the step's model tokens (a token mean over
+        the whole step); returns the token-weighted sums of the step's diagnostics, and those tokens."""
+        total_tokens = sum(float(mb.loss_mask.sum()) for mb in batches) or 1.0
         world, rank = (self.dist.world, self.dist.rank) if self.dist is not None else (1, 0)
         mine = batches[rank::world]
         count = -(-len(batches) // world)
@@ -268,7 +268,7 @@ class Learner:
         for i, (mb, weight) in enumerate(zip(mine, weights)):
             with self._sync(i == count - 1), CAPTURE_LOCK:  # no CUDA graph capture meanwhile: graph_capture.py
                 sums += self._micro_step(mb, weight, total_tokens, world)
-        return self.dist.all_reduce(sums) if self.dist is not None else sums
+        return (self.dist.all_reduce(sums) if self.dist is not None else sums), total_tokens
 
     def _check_first_kl(self, kl: float) -> None:
         """On this process's first step, refuse to train when engine and learner disagree about logprobs."""
