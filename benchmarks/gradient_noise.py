@@ -52,15 +52,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from credit_assignment import PLACEBO, RUN_ESTIMATORS, placebo_advantages  # noqa: E402
-from learning_parity import WARM_START_RECORD, apply_override, machine  # noqa: E402
+from credit_assignment import PLACEBO, RUN_ESTIMATORS, placebo_advantages, run_config  # noqa: E402
+from learning_parity import WARM_START_RECORD, machine  # noqa: E402
 
 from envhub.errors import ConfigError  # noqa: E402
-from envhub.trainer.config import TrainConfig, config_from_dict  # noqa: E402
+from envhub.trainer.config import TrainConfig  # noqa: E402
 from envhub.trainer.trajectory import Trajectory  # noqa: E402
 
 SPLITS = 64  # random halvings averaged in `split_cosine`
@@ -138,18 +137,6 @@ def warm_start_sha256(warm: Path) -> str | None:
     """The weights' SHA-256 in the record of a checkpoint credit_assignment.py made (None for another checkpoint)."""
     record = warm / WARM_START_RECORD
     return json.loads(record.read_text()).get("weights_sha256") if record.exists() else None
-
-
-def bench_config(path: str, overrides: list[str], warm: Path, seed: int) -> TrainConfig:
-    """The config with --set overrides, the checkpoint in `warm` as the model, no SFT stage, and `seed`."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    for assignment in overrides:
-        apply_override(data, assignment)
-    data["seed"] = seed
-    data.setdefault("model", {})["name"] = str(warm)
-    data.pop("sft", None)
-    data.setdefault("algorithm", {})["filter_zero_variance"] = False
-    return config_from_dict(data)
 
 
 async def play_groups(
@@ -247,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     from envhub.trainer.config import ModelConfig
     from envhub.trainer.models import build_policy
 
-    config = bench_config(args.config, args.overrides, warm, args.seed)
+    # the benchmark's run config from the checkpoint (no SFT stage, every group kept); `measure` sets the estimator
+    config = run_config(args.config, args.overrides, estimator="grpo", seed=args.seed, steps=args.steps, curve_every=1,
+                        eval_episodes=1, model=str(warm))  # fmt: skip
     started = time.monotonic()
     model, tokenizer = build_policy(ModelConfig(name=str(warm), dtype=config.model.dtype), config.seed)
     groups, dropped = asyncio.run(play_groups(config, model, tokenizer, args.groups))
