@@ -131,6 +131,9 @@ class VLLMServerArgs:
             env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
         env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
         env["VLLM_SERVER_DEV_MODE"] = "1" if self.rl_routes else "0"
+        # --enforce-eager leaves the ops vLLM wraps in torch.compile itself (the sampled token's logprob rank): on CPU
+        # the first request then builds C++ kernels with gcc, 14-20 s here. Eager they cost nothing a request can see.
+        env.setdefault("TORCH_COMPILE_DISABLE", "1")
         env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
         env["PATH"] = f"{python.parent}:{env.get('PATH', '')}"
         if self.rl_routes:

@@ -37,6 +37,7 @@ def test_server_flags_give_token_route_processed_logprobs_and_no_seed_crash():
 
 def test_server_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "leaked")
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
     python = tmp_path / "venv" / "bin" / "python"
     (tmp_path / "venv" / "lib").mkdir(parents=True)
     (tmp_path / "venv" / "lib" / "libiomp5.so").touch()
@@ -45,6 +46,11 @@ def test_server_environment(tmp_path, monkeypatch):
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1.5" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "VLLM_API_KEY" not in env and env["HF_HUB_OFFLINE"] == "1"
     assert VLLMServerArgs(model="/m", port=1, rl_routes=False).environment(python)["VLLM_SERVER_DEV_MODE"] == "0"
+    # eager as --enforce-eager says, also the ops vLLM compiles itself (a gcc build on the first request), unless
+    # the user asked for them
+    assert env["TORCH_COMPILE_DISABLE"] == "1"
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "0")
+    assert VLLMServerArgs(model="/m", port=1).environment(python)["TORCH_COMPILE_DISABLE"] == "0"
 
 
 def test_sampling_params_as_vllm_json():
