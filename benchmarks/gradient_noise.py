@@ -27,6 +27,9 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   at 0.06 and 0.55 on Sokoban with no signal to find. Read `signal_sq` and its SE first;
 - `step_signal_share`: b / (b + B), the share of a step's expected squared gradient that is signal, at the config's
   groups per step; `run_signal_share` at groups per step x --steps (a run's worth of groups).
+Each estimator's `gram` (the K x K matrix of g_i . g_j, in the order of `group_rewards`) is kept in the report: every
+figure above is a function of it, so a report can be read again (which groups carry the signal) without playing and
+differentiating its groups again.
 `placebo` (grpo with each group's advantages permuted among its samples, as in credit_assignment.py) is the negative
 control: its expected gradient is exactly 0 (a permuted advantage has mean 0 for every sample), so its `signal_sq`
 must be 0 within its SE, or the measurement is wrong. Its typical draw is not neutral, though: in a group of 7
@@ -205,6 +208,7 @@ def measure(config: TrainConfig, model: Any, tokenizer: Any, groups: list[list[T
         "mean_grad_norm": float(mean.norm()),
         "group_grad_norm": float(torch.diagonal(gram).sqrt().mean()),
         "group_norms": [round(float(x), 6) for x in torch.diagonal(gram).sqrt()],  # in the order of `group_rewards`
+        "gram": gram.tolist(),
         "gradient_s": round(time.monotonic() - started, 1),
         "trained_parameters": int(mean.numel()),
     }

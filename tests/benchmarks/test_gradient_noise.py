@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -95,6 +96,10 @@ def test_a_run_measures_each_estimator_on_the_same_groups(tmp_path):
     assert grpo["signal_sq"] + grpo["noise_sq"] == pytest.approx(
         sum(n * n for n in grpo["group_norms"]) / report["groups"], rel=1e-6
     )
+    # the report's Gram matrix gives its figures back (read again without playing or differentiating anything)
+    again = noise.noise_figures(torch.tensor(grpo["gram"], dtype=torch.float64))
+    assert again["signal_sq"] == pytest.approx(grpo["signal_sq"], rel=1e-12, abs=1e-15)
+    assert [math.sqrt(grpo["gram"][i][i]) for i in range(report["groups"])] == pytest.approx(grpo["group_norms"])
     assert set(report["cosines"]) == {"grpo:placebo"} and set(report["estimators"]) == {"grpo", "placebo"}
     assert grpo["trained_parameters"] > 0 and -1 <= grpo["split_cosine"] <= 1
     assert len(report["warm_start_sha256"]) == 64  # which weights were measured, after the checkpoint is gone
