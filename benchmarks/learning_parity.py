@@ -67,21 +67,40 @@ WARM_START_SECTIONS = ("model", "tasks", "sft")  # the config sections that deci
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Set `a.b.c=value` in a nested config dict; the value is parsed as YAML (so 2e-6, true, [1, 2] work)."""
+    """Set `a.b.c=value` in a nested config dict; the value is parsed as YAML (so 2e-6, true, [1, 2] work). A number
+    names an item of a list: `tasks.0.kwargs.size=4` sets the first task's `size`."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {assignment!r} is not KEY=VALUE", hint="e.g. --set algorithm.lr=0.002")
     *parents, leaf = key.split(".")
-    node = data
+    node: Any = data
     for part in parents:
+        if isinstance(node, list):
+            node = node[_list_index(node, part, assignment)]
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--set {assignment!r}: item {part} is not a section", hint="name a field inside it")
+            continue
         child = node.setdefault(part, {})
-        if not isinstance(child, dict):
+        if not isinstance(child, (dict, list)):
             raise ConfigError(
                 f"--set {assignment!r}: {part!r} is not a section",
                 hint="name a field inside a section, e.g. rollout.group_size",
             )
         node = child
-    node[leaf] = yaml.safe_load(raw)
+    if isinstance(node, list):
+        node[_list_index(node, leaf, assignment)] = yaml.safe_load(raw)
+    else:
+        node[leaf] = yaml.safe_load(raw)
+
+
+def _list_index(items: list[Any], part: str, assignment: str) -> int:
+    """`part` as an index of `items` (a list in the config), or a ConfigError naming the list's length."""
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(
+            f"--set {assignment!r}: {part!r} is not an item of a list of {len(items)}",
+            hint=f"name an item by its index, 0 to {len(items) - 1}" if items else "the list is empty",
+        )
+    return int(part)
 
 
 def build_config(

@@ -49,11 +49,28 @@ def test_set_overrides_reach_the_config_and_mode_seed_steps_win():
     assert timed.budget.max_time_s == 60
 
 
+def test_a_number_in_an_override_names_an_item_of_a_list():
+    config = parity.build_config(
+        str(ROOT / "configs" / "credit-frozenlake.yaml"),
+        ["tasks.0.kwargs.random_ends=false", "tasks.0.kwargs.hole_fraction=0.2"],
+        mode="async",
+        seed=0,
+        steps=1,
+        eval_episodes=1,
+        temperature=0.0,
+    )
+    kwargs = config.tasks[0].kwargs
+    assert (kwargs["random_ends"], kwargs["hole_fraction"], kwargs["neighbours"]) == (False, 0.2, True)
+
+
 @pytest.mark.parametrize(
     "assignment, message",
     [
         ("algorithm.lr", "not KEY=VALUE"),
         ("seed.x=1", "'seed' is not a section"),
+        ("tasks.1.kwargs.size=4", "'1' is not an item of a list of 1"),
+        ("tasks.first.weight=2", "'first' is not an item of a list of 1"),
+        ("tasks.0.env.x=1", "item 0 is not a section|'env' is not a section"),
         ("algorithm.lrr=1", "lrr"),
     ],
 )
