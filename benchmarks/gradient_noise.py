@@ -1,7 +1,7 @@
 """How much of a learner step is signal? Each advantage estimator's gradient noise scale at a checkpoint.
 
     python benchmarks/gradient_noise.py --config configs/credit-frozenlake.yaml --warm-start DIR
-        [--groups 32] [--estimators grpo,gigpo,placebo] [--seed 0] [--set KEY=VALUE ...]
+        [--groups 32] [--estimators grpo,gigpo,placebo] [--seed 0] [--set KEY=VALUE ...] [--probe-moves]
         [--out benchmarks/results/gradient_noise.json]
 
 The checkpoint in DIR (an SFT checkpoint of benchmarks/credit_assignment.py, or any saved policy) plays --groups
@@ -27,6 +27,14 @@ would apply, before clipping), g_1 .. g_K, and from their dot products:
   at 0.06 and 0.55 on Sokoban with no signal to find. Read `signal_sq` and its SE first;
 - `step_signal_share`: b / (b + B), the share of a step's expected squared gradient that is signal, at the config's
   groups per step; `run_signal_share` at groups per step x --steps (a run's worth of groups).
+- `top_direction_share`: the Gram matrix's largest eigenvalue over its trace, the share of the groups' gradients
+  that lies along one line (whatever each one's sign). Near 1, the groups differ in little but a sign along one
+  direction: that direction is the noise, unless its signs agree;
+- `first_move_cosines` (with --probe-moves, grid envs: FrozenLake, Sokoban): the first group's first episode's first
+  reply rewritten with each move, and the gradient of log p(reply | prompt) for each; per pair of moves a, b, the
+  cosine of each group's gradient with log p(a) - log p(b) (None for a tied group), and of the groups' top direction
+  (the Gram matrix's leading eigenvector, as |cos|). A group gradient at +-1 with one pair is that group pushing the
+  first move's preference and nothing else, on a map other than the probe's;
 Each estimator's `gram` (the K x K matrix of g_i . g_j, in the order of `group_rewards`) is kept in the report: every
 figure above is a function of it, so a report can be read again (which groups carry the signal) without playing and
 differentiating its groups again.
@@ -49,6 +57,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -136,6 +145,77 @@ def signal_share(groups: float, scale: float | None) -> float:
     return 0.0 if scale is None else groups / (groups + scale)
 
 
+def top_direction_share(gram: torch.Tensor) -> float:
+    """The largest eigenvalue of the Gram matrix over its trace: the share of the groups' gradients (their squared
+    norms, summed) that lies along one direction. Near 1, every group pushes along the same line, whatever its sign."""
+    trace = float(torch.diagonal(gram).sum())
+    return float(torch.linalg.eigvalsh(gram)[-1]) / trace if trace > 0 else 0.0
+
+
+def first_move_replies(tokenizer: Any, groups: list[list[Trajectory]]) -> tuple[list[int], dict[str, list[int]]]:
+    """The prompt of the first group's first episode's first turn, and that turn's reply rewritten with each move of
+    a grid env (the last direction word replaced: "up", "down", "left", "right"), as token ids."""
+    from envhub.envs.directions import DIRECTIONS
+
+    episode = groups[0][0]
+    if not episode.turn_spans:
+        raise ConfigError("--probe-moves: the first episode has no model turn", hint="probe a multi-turn grid env")
+    span = episode.turn_spans[0]
+    reply = tokenizer.decode(episode.input_ids[span.start : span.end])
+    words = re.findall("|".join(DIRECTIONS), reply)
+    if not words:
+        raise ConfigError(
+            f"--probe-moves: the first reply names no move ({reply[:80]!r})",
+            hint="probe an env whose actions are the moves up, down, left and right (FrozenLake, Sokoban)",
+        )
+    at = reply.rindex(words[-1])
+    replies = {
+        move: tokenizer.encode(reply[:at] + move + reply[at + len(words[-1]) :], add_special_tokens=False)
+        for move in DIRECTIONS
+    }
+    return list(episode.input_ids[: span.start]), replies
+
+
+def move_gradients(learner: Any, prompt: list[int], replies: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """For each move, the gradient of log p(reply | prompt) over the learner's trained weights, flattened as
+    `Learner.gradient` flattens a step's gradient."""
+    trained = [p for p in learner.scorer.parameters() if p.requires_grad]
+    out = {}
+    learner.scorer.train()
+    for move, reply in replies.items():
+        ids = torch.tensor([prompt + reply])
+        mask = torch.zeros_like(ids)
+        mask[0, len(prompt) :] = 1
+        learner.scorer(ids, torch.ones_like(ids), mask).sum().backward()
+        out[move] = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained]
+        )
+        for p in trained:
+            p.grad = None
+    learner.scorer.eval()
+    return out
+
+
+def move_cosines(grads: list[torch.Tensor], gram: torch.Tensor, moves: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The cosine of each group's gradient (None for a zero gradient: a tied group) and of the groups' top direction
+    (the Gram matrix's leading eigenvector) with each pair of moves' difference, log p(a) - log p(b)."""
+    _, vectors = torch.linalg.eigh(gram)
+    top = torch.zeros_like(grads[0])
+    for weight, grad in zip(vectors[:, -1].tolist(), grads):
+        top += weight * grad
+    names = list(moves)
+    out: dict[str, Any] = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            diff = moves[a] - moves[b]
+            cos = [float(torch.nn.functional.cosine_similarity(g, diff, dim=0)) if g.any() else None for g in grads]
+            out[f"{a}-{b}"] = {
+                "top_direction": abs(float(torch.nn.functional.cosine_similarity(top, diff, dim=0))),
+                "groups": [None if c is None else round(c, 4) for c in cos],
+            }
+    return out
+
+
 def warm_start_sha256(warm: Path) -> str | None:
     """The weights' SHA-256 in the record of a checkpoint credit_assignment.py made (None for another checkpoint)."""
     record = warm / WARM_START_RECORD
@@ -177,8 +257,9 @@ async def play_groups(
 
 
 def measure(config: TrainConfig, model: Any, tokenizer: Any, groups: list[list[Trajectory]], estimator: str,
-            seed: int) -> tuple[dict[str, Any], torch.Tensor]:  # fmt: skip
-    """One estimator's figures over `groups`, and its mean gradient."""
+            seed: int, probe_moves: bool = False) -> tuple[dict[str, Any], torch.Tensor]:  # fmt: skip
+    """One estimator's figures over `groups`, and its mean gradient; with `probe_moves`, how far each group's
+    gradient is the first move's preference (`move_cosines`)."""
     from dataclasses import replace
 
     from envhub.trainer.learner.step import Learner
@@ -211,7 +292,12 @@ def measure(config: TrainConfig, model: Any, tokenizer: Any, groups: list[list[T
         "gram": gram.tolist(),
         "gradient_s": round(time.monotonic() - started, 1),
         "trained_parameters": int(mean.numel()),
+        "top_direction_share": top_direction_share(gram),
     }
+    if probe_moves:
+        figures["first_move_cosines"] = move_cosines(
+            grads, gram, move_gradients(learner, *first_move_replies(tokenizer, groups))
+        )
     del grads, learner
     return figures, mean
 
@@ -225,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8, help="a run's steps, for `run_signal_share`")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--probe-moves", action="store_true",
+                        help="grid envs: compare each group's gradient with the first move's preferences")  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/gradient_noise.json")
     args = parser.parse_args(argv)
     estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
@@ -241,6 +329,17 @@ def main(argv: list[str] | None = None) -> None:
     # the benchmark's run config from the checkpoint (no SFT stage, every group kept); `measure` sets the estimator
     config = run_config(args.config, args.overrides, estimator="grpo", seed=args.seed, steps=args.steps, curve_every=1,
                         eval_episodes=1, model=str(warm))  # fmt: skip
+    if args.probe_moves:  # refused before any work: the probe rewrites a reply's move
+        from envhub.envs.directions import GridToolEnv
+        from envhub.trainer.rollout.tasks import env_factory
+
+        env = env_factory(config.tasks[0])()
+        try:
+            grid = isinstance(getattr(env, "unwrapped", env), GridToolEnv)
+        finally:
+            env.close()
+        if not grid:
+            parser.error(f"--probe-moves: {config.tasks[0].env} is not a grid env whose actions are moves")
     started = time.monotonic()
     model, tokenizer = build_policy(ModelConfig(name=str(warm), dtype=config.model.dtype), config.seed)
     groups, dropped = asyncio.run(play_groups(config, model, tokenizer, args.groups))
@@ -265,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     means: dict[str, torch.Tensor] = {}
     for estimator in estimators:
-        figures, means[estimator] = measure(config, model, tokenizer, groups, estimator, args.seed)
+        figures, means[estimator] = measure(config, model, tokenizer, groups, estimator, args.seed, args.probe_moves)
         figures["run_signal_share"] = signal_share(
             config.algorithm.groups_per_step * args.steps, figures["noise_scale_groups"]
         )
