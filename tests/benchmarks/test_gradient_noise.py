@@ -82,6 +82,8 @@ def test_move_cosines_find_the_preference_each_group_pushes():
     assert down_right["groups"][0] == pytest.approx(-1.0, abs=1e-4) and down_right["groups"][1] > 0.99
     assert down_right["groups"][2] is None  # a tied group's gradient is 0: no direction
     assert down_right["top_direction"] > 0.99 and found["up-down"]["top_direction"] < 0.9
+    big = torch.randn(4_000_000, generator=gen)  # float32 sums over this many weights drift past 1
+    assert noise.cosine(big, 3 * big) == pytest.approx(1.0, abs=1e-12) and noise.cosine(big, -big) >= -1.0
 
 
 def test_move_gradients_are_the_gradients_of_each_replys_logprob():
