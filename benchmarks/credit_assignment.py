@@ -162,6 +162,34 @@ grpo's runs are mostly signal needs several B groups a run: on Sokoban ~8 groups
 step, ~7 min a step here, ~1 h a run, ~55 CPU-hours for 27 seeds x 2 estimators); on the lake above 114 groups a
 run. Neither fits this CPU's sittings; a GPU's do (the H200 check, benchmarks/results/gpu_check_h200.json: a
 learner step on 64 episodes of SmolLM2's shape in 1.1 s, 64 replies of 256 tokens generated in 2.4 s).
+The screen of 2026-12-04 (benchmarks/results/gradient_noise/, 2-core EPYC, nothing else running but the other
+measurements): the lake with fixed corners, the neighbour line and SFT on 96 solver episodes x 4 epochs, at 40% and
+20% holes; and Sokoban's checkpoint again (rebuilt bit for bit, 1a4ea59e) on 40 fresh groups (--seed 1):
+| checkpoint (sampled success, tied groups) | estimator | |G|^2 (SE) | tr Sigma | 2-SE bound on B | top direction |
+|---|---|---|---|---|---|
+| lake 40%, fixed corners (0.52, 6 of 24) | grpo | -0.0036 (0.0021) | 0.109 | B > 188 | |
+| | gigpo | -0.0096 (0.0069) | 0.329 | B > 78 | |
+| lake 20%, fixed corners (0.72, 12 of 24) | grpo | 0.0004 (0.0034) | 0.040 | B > 5.6 | 0.91 |
+| | gigpo | 0.0015 (0.0130) | 0.154 | B > 5.6 | 0.92 |
+| Sokoban 5x5, 40 more groups (0.38, 3 of 40) | grpo | -0.00008 (0.00042) | 0.0185 | B > 24 | 0.49 |
+(gigpo's measurement on Sokoban's 40 groups was stopped at 10 gradients, for the sitting's time.) No estimator's
+expected gradient shows on any of them. Sokoban's two measurements together (64 groups, 512
+episodes; inverse-variance weighted): |G|^2 = 0.00004 +- 0.00038 for grpo, so B > 22 groups at 2 SE, and the
+estimate of 29 from 24 groups is not confirmed: a run of 8 steps of 2 groups is at most 41% signal.
+Why the lakes' B is so large, measured (`--probe-moves`, the lake with 20% holes, 16 fresh groups, 11 tied): the
+groups' gradients lie along one line (`top_direction_share` 0.93 of their squared norms), and that line is the first
+move's preference. The gradient of log p(down) - log p(right) at the first turn of one group's map has a cosine of
++1.00, +0.83, -0.98, +1.00 and -0.83 with the 5 untied groups' gradients (other maps), and 0.989 with their top
+direction. Each group pushes "go down first" or "go right first", by which first move won on its map; the signs
+differ from map to map and cancel in expectation, and the part that carries over (choose the move the map allows)
+is a sliver beside it. The SFT checkpoint's first move hardly depends on the map in the gradient's eyes, so RL
+reads a map only through many groups, and a run of few groups walks along the preference line toward one replayed
+move order, the fall toward a replay every lake pilot saw. Sokoban's gradients are less one-lined (0.49 in the top
+direction), and the probe (12 fresh groups, --seed 2, 1 tied) finds the same kind of push spread over more moves: the
+top direction's |cosine| is 0.79 with log p(up) - log p(left) and 0.76 with up - right, and each untied group's
+gradient has a cosine of 0.52 to 0.80 in size with some pair of moves, its sign by level. Since the probe's prompt is
+one level's first turn and the groups played others, what the groups push is a move's preference whatever the
+state; what a level asks for (read the room) is what is left, and it does not show in 64 groups.
 Cost, measured: a run of 20 steps and 5 curve points is ~25 min on a 2-core CPU (20 x ~60 s, 3 evaluations; step 0
 and the last come free), so 27 seeds x 3 estimators x 2 envs is ~65 hours (~45 with grpo and gigpo only): outside
 CI, on whatever machines are free, merged with --merge.
