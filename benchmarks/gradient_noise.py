@@ -169,16 +169,15 @@ def first_move_replies(tokenizer: Any, groups: list[list[Trajectory]]) -> tuple[
         raise ConfigError("--probe-moves: the first episode has no model turn", hint="probe a multi-turn grid env")
     span = episode.turn_spans[0]
     reply = tokenizer.decode(episode.input_ids[span.start : span.end])
-    words = re.findall("|".join(DIRECTIONS), reply)
-    if not words:
+    found = list(re.finditer(r"\b(" + "|".join(DIRECTIONS) + r")\b", reply))  # words: not the "up" of "setup"
+    if not found:
         raise ConfigError(
             f"--probe-moves: the first reply names no move ({reply[:80]!r})",
             hint="probe an env whose actions are the moves up, down, left and right (FrozenLake, Sokoban)",
         )
-    at = reply.rindex(words[-1])
+    start, end = found[-1].span()
     replies = {
-        move: tokenizer.encode(reply[:at] + move + reply[at + len(words[-1]) :], add_special_tokens=False)
-        for move in DIRECTIONS
+        move: tokenizer.encode(reply[:start] + move + reply[end:], add_special_tokens=False) for move in DIRECTIONS
     }
     return list(episode.input_ids[: span.start]), replies
 

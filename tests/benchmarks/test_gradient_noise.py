@@ -128,7 +128,7 @@ def test_move_gradients_are_the_gradients_of_each_replys_logprob():
             offset += p.numel()
     rise = logp(replies["right"]) - before
     assert rise == pytest.approx(step * float(vectors["right"].norm()) ** 2, rel=0.05)
-    other = tokenizer.encode("I go there", add_special_tokens=False)
+    other = tokenizer.encode("I go there, setup done", add_special_tokens=False)  # "up" inside a word is no move
     m = len(prompt) + len(other)
     wordless = Trajectory(prompt + other, [0] * len(prompt) + [1] * len(other), [0.0] * m, [0] * m, 0.0, "t", "g", 0,
                           1, "stop", turn_spans=[TurnSpan(len(prompt), m, 0.0, "a")])  # fmt: skip
