@@ -75,12 +75,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     *parents, leaf = key.split(".")
     node: Any = data
     for part in parents:
-        if isinstance(node, list):
-            node = node[_list_index(node, part, assignment)]
-            if not isinstance(node, (dict, list)):
-                raise ConfigError(f"--set {assignment!r}: item {part} is not a section", hint="name a field inside it")
-            continue
-        child = node.setdefault(part, {})
+        child = node[_list_index(node, part, assignment)] if isinstance(node, list) else node.setdefault(part, {})
         if not isinstance(child, (dict, list)):
             raise ConfigError(
                 f"--set {assignment!r}: {part!r} is not a section",
