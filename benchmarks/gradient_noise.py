@@ -184,8 +184,7 @@ def first_move_replies(tokenizer: Any, groups: list[list[Trajectory]]) -> tuple[
 
 def move_gradients(learner: Any, prompt: list[int], replies: dict[str, list[int]]) -> dict[str, torch.Tensor]:
     """For each move, the gradient of log p(reply | prompt) over the learner's trained weights, flattened as
-    `Learner.gradient` flattens a step's gradient."""
-    trained = [p for p in learner.scorer.parameters() if p.requires_grad]
+    `Learner.gradient` flattens a step's gradient (`Learner.flat_grad`)."""
     out = {}
     learner.scorer.train()
     for move, reply in replies.items():
@@ -193,10 +192,8 @@ def move_gradients(learner: Any, prompt: list[int], replies: dict[str, list[int]
         mask = torch.zeros_like(ids)
         mask[0, len(prompt) :] = 1
         learner.scorer(ids, torch.ones_like(ids), mask).sum().backward()
-        out[move] = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained]
-        )
-        for p in trained:
+        out[move] = learner.flat_grad()
+        for p in learner.scorer.parameters():
             p.grad = None
     learner.scorer.eval()
     return out

@@ -213,11 +213,16 @@ class Learner:
             )
         batches, _ = self._micro_batches(groups, version)
         self._backward(batches)
-        trained = [p for p in self.scorer.parameters() if p.requires_grad]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained])
+        flat = self.flat_grad()
         self.optimizer.zero_grad(set_to_none=True)
         self.scorer.eval()
         return flat
+
+    def flat_grad(self) -> torch.Tensor:
+        """The trained parameters' gradients as they stand, flattened in parameter order (fp32; zeros for a parameter
+        without one): the layout of `gradient`, for any other gradient a benchmark compares with it."""
+        trained = [p for p in self.scorer.parameters() if p.requires_grad]
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in trained])
 
     def _shared_tokens(self, mb: MicroBatch) -> int:
         """Tokens of `mb` that a shared prefix spared the forward pass (`learner.share_prefix`)."""
